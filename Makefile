@@ -1,0 +1,36 @@
+# The two commands of the README:
+#   make demo   set up, start the local Kafka broker, run the demo pipeline, verify exactly-once
+#   make test   set up and run the whole test suite (what CI runs)
+# Everything is installed into .venv from scratch; broker jars go to $(EOS_HOME).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export EOS_HOME ?= $(CURDIR)/.eos
+
+.PHONY: demo test lint bench install clean
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/eos demo
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: install lint
+	$(BIN)/pytest
+
+bench: install
+	$(BIN)/python -m bench
+
+clean:
+	-$(BIN)/eos kafka stop
+	rm -rf $(VENV) .eos .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Connectors: the re-settable Kafka source and the two-phase-commit Kafka sink."""

@@ -1,0 +1,165 @@
+"""One place to build Kafka clients (confluent-kafka / librdkafka) with eos's defaults.
+
+- librdkafka logs go to the Python logger "eos.kafka" instead of raw stderr lines.
+- Errors are classified for retries: retriable, transaction-abortable, or fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+log = logging.getLogger("eos.kafka")
+# Silent unless the application configures logging (the eos CLI does, with -v for details):
+# librdkafka warns about expected things, e.g. "coordinator load in progress" at start-up.
+log.addHandler(logging.NullHandler())
+
+ClientConfig = Mapping[str, Any]
+
+
+def _with_defaults(config: ClientConfig, **defaults: Any) -> dict[str, Any]:
+    merged = {**defaults, **dict(config)}
+    merged.setdefault("logger", log)
+    return merged
+
+
+def admin_client(config: ClientConfig):
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(_with_defaults(config))
+
+
+def producer(config: ClientConfig, **defaults: Any):
+    from confluent_kafka import Producer
+
+    # murmur2 keeps key -> partition identical to the Java clients (librdkafka's default is crc32).
+    return Producer(_with_defaults(config, partitioner="murmur2_random", **defaults))
+
+
+def consumer(config: ClientConfig, **defaults: Any):
+    from confluent_kafka import Consumer
+
+    base = {"group.id": "eos-unused", "enable.auto.commit": False, "enable.auto.offset.store": False}
+    return Consumer(_with_defaults(config, **{**base, **defaults}))
+
+
+def only_connection_settings(config: ClientConfig) -> dict[str, Any]:
+    """The settings that say how to reach and authenticate to a cluster (bootstrap, SASL, SSL)."""
+    prefixes = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.dns", "socket.", "broker.address")
+    return {k: v for k, v in config.items() if k.startswith(prefixes)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Topics
+# ---------------------------------------------------------------------------------------------
+
+
+def describe_partitions(admin, topics: Iterable[str], timeout: float = 10.0) -> dict[str, list[int]]:
+    """Partition ids of each topic; raises UnknownTopic for a topic that does not exist."""
+    from confluent_kafka import KafkaException
+
+    result: dict[str, list[int]] = {}
+    for topic in topics:
+        try:
+            metadata = admin.list_topics(topic=topic, timeout=timeout)
+        except KafkaException as exc:
+            raise BrokerUnreachable(str(exc)) from exc
+        if not metadata.brokers:
+            raise BrokerUnreachable("no broker answered the metadata request")
+        info = metadata.topics.get(topic)
+        if info is None or info.error is not None or not info.partitions:
+            raise UnknownTopic(topic)
+        result[topic] = sorted(info.partitions)
+    return result
+
+
+def create_topic(
+    admin, name: str, partitions: int = 1, replication: int = -1, config: Mapping[str, str] | None = None
+) -> bool:
+    """Create a topic if it does not exist; returns True if it was created."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    futures = admin.create_topics(
+        [NewTopic(name, partitions, replication, config=dict(config or {}))], operation_timeout=30
+    )
+    try:
+        futures[name].result()
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+        raise
+    return True
+
+
+class UnknownTopic(Exception):
+    def __init__(self, topic: str):
+        super().__init__(topic)
+        self.topic = topic
+
+
+class BrokerUnreachable(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Error classification (used with tenacity)
+# ---------------------------------------------------------------------------------------------
+
+
+def kafka_error(exc: BaseException):
+    """The KafkaError inside a KafkaException, if any."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None
+
+
+def is_retriable(exc: BaseException) -> bool:
+    error = kafka_error(exc)
+    return bool(error and error.retriable() and not error.fatal() and not error.txn_requires_abort())
+
+
+def requires_abort(exc: BaseException) -> bool:
+    error = kafka_error(exc)
+    return bool(error and error.txn_requires_abort())
+
+
+def is_fatal(exc: BaseException) -> bool:
+    error = kafka_error(exc)
+    return bool(error and error.fatal())
+
+
+# ---------------------------------------------------------------------------------------------
+# Offsets
+# ---------------------------------------------------------------------------------------------
+
+
+def end_offsets(
+    admin, partitions: Mapping[str, Iterable[int]], read_committed: bool = True, timeout: float = 15.0
+) -> dict[tuple[str, int], int]:
+    """Latest offset of each partition: the last stable offset (LSO) for read_committed, else the
+    high watermark. Records at or beyond the LSO may still belong to an open transaction."""
+    from confluent_kafka import IsolationLevel, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    request = {TopicPartition(t, p): OffsetSpec.latest() for t, ps in partitions.items() for p in ps}
+    if not request:
+        return {}
+    level = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
+    futures = admin.list_offsets(request, isolation_level=level, request_timeout=timeout)
+    return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
+
+
+def start_offsets(admin, partitions: Mapping[str, Iterable[int]], timeout: float = 15.0) -> dict[tuple[str, int], int]:
+    """Earliest available offset of each partition (the log start, after retention)."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    request = {TopicPartition(t, p): OffsetSpec.earliest() for t, ps in partitions.items() for p in ps}
+    if not request:
+        return {}
+    futures = admin.list_offsets(request, request_timeout=timeout)
+    return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}

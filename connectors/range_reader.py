@@ -1,0 +1,78 @@
+"""Reading one partition's planned offset range [start, end) exactly.
+
+Kafka offsets are not contiguous: transaction markers and (for read_committed) aborted
+records occupy offsets that are never delivered. So a range is finished when the consumer's
+position reaches `end`, never when "end - start records" have been read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+
+class RangeReadError(Exception):
+    """Reading a planned range failed: out of range (retention), stalled, or a broker error."""
+
+
+def read_range(
+    consumer: Any,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    batch_size: int = 10_000,
+    stall_timeout_s: float = 120.0,
+) -> Iterator[list[Any]]:
+    """Yield lists of messages with start <= offset < end, in offset order.
+
+    `consumer` must be unassigned; it is assigned to this partition only."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    if end <= start:
+        return
+    tp = TopicPartition(topic, partition, start)
+    consumer.assign([tp])
+    last_progress = time.monotonic()
+    position = start
+    try:
+        while position < end:
+            messages = consumer.consume(batch_size, 0.5)
+            batch = []
+            done = False
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    if error.code() in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
+                        raise RangeReadError(
+                            f"offset {position} of {topic}/{partition} is out of range (deleted by retention "
+                            f"or the topic was recreated); the epoch planned [{start}, {end})"
+                        )
+                    if error.fatal() or not error.retriable():
+                        raise RangeReadError(f"reading {topic}/{partition} failed: {error}")
+                    continue
+                if message.offset() >= end:
+                    done = True
+                    break
+                batch.append(message)
+            if batch:
+                position = batch[-1].offset() + 1
+                last_progress = time.monotonic()
+                yield batch
+            if done:
+                return
+            # The position moves past markers and aborted records that were never delivered.
+            current = consumer.position([TopicPartition(topic, partition)])[0].offset
+            if current > position:
+                position = current
+                last_progress = time.monotonic()
+            if time.monotonic() - last_progress > stall_timeout_s:
+                raise RangeReadError(
+                    f"no progress reading {topic}/{partition} at offset {position} for {stall_timeout_s:.0f} s "
+                    f"(planned end {end}); is a transaction holding the last stable offset back?"
+                )
+    finally:
+        consumer.unassign()

@@ -1,0 +1,80 @@
+"""Shared fixtures: a real Kafka broker, unique topics, a real local SparkSession.
+
+The broker, in order of choice:
+  1. EOS_KAFKA_BOOTSTRAP, if set: an existing cluster;
+  2. a testcontainers Kafka container, when a Docker engine answers;
+  3. the embedded local broker (`eos kafka start`), on a free port in a temporary folder.
+Tests never mock Kafka and never skip because no broker is around: they start one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from connectors.kafka_clients import admin_client, create_topic
+from tests.support import KafkaUnderTest, start_kafka_under_test
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaUnderTest]:
+    under_test = start_kafka_under_test(tmp_path_factory.mktemp("kafka"))
+    try:
+        yield under_test
+    finally:
+        under_test.close()
+
+
+@pytest.fixture(scope="session")
+def bootstrap(kafka: KafkaUnderTest) -> str:
+    return kafka.bootstrap
+
+
+@pytest.fixture(scope="session")
+def admin(bootstrap: str):
+    return admin_client({"bootstrap.servers": bootstrap})
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """Names unique per test (and per call), so tests sharing a broker never interfere."""
+    test = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name)[:40].strip("-")
+
+    def make(prefix: str = "t") -> str:
+        return f"{prefix}-{test}-{uuid.uuid4().hex[:8]}"
+
+    return make
+
+
+@pytest.fixture
+def new_topic(admin, unique_name) -> Callable[..., str]:
+    """Create a fresh topic: new_topic(partitions=1, prefix='t', config=None) -> name."""
+
+    def make(partitions: int = 1, prefix: str = "t", config: dict[str, str] | None = None) -> str:
+        name = unique_name(prefix)
+        assert create_topic(admin, name, partitions, config=config), f"topic {name} already existed"
+        return name
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from eos.sparksession import build_spark
+
+    session = build_spark(
+        "eos-tests",
+        master="local[2]",
+        conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+    )
+    yield session
+    session.stop()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    source = os.environ.get("EOS_KAFKA_BOOTSTRAP") or "testcontainers if Docker answers, else the local broker"
+    return f"eos: Kafka under test: {source}"

@@ -1,0 +1,74 @@
+"""Test support: starting the Kafka under test, reading topics back."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from connectors.kafka_clients import consumer
+
+
+@dataclass
+class KafkaUnderTest:
+    bootstrap: str
+    kind: str  # "external", "container" or "local"
+    _close: Any = field(default=None, repr=False)
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()
+
+
+def docker_answers() -> bool:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=3)
+        client.ping()
+        return True
+    except Exception:
+        return False
+
+
+def start_kafka_under_test(workdir: Path) -> KafkaUnderTest:
+    if os.environ.get("EOS_KAFKA_BOOTSTRAP"):
+        return KafkaUnderTest(os.environ["EOS_KAFKA_BOOTSTRAP"], "external")
+    if docker_answers():
+        from testcontainers.kafka import KafkaContainer
+
+        container = KafkaContainer("confluentinc/cp-kafka:7.7.1").with_kraft()
+        container.start()
+        return KafkaUnderTest(container.get_bootstrap_server(), "container", container.stop)
+    return start_local_broker(workdir)
+
+
+def start_local_broker(workdir: Path, heap: str = "512m") -> KafkaUnderTest:
+    from eos.localkafka import LocalBroker, free_port
+
+    broker = LocalBroker(port=free_port(), data_dir=workdir / "broker", heap=heap)
+    broker.start(progress=print)
+    under_test = KafkaUnderTest(broker.bootstrap, "local", lambda: broker.stop(kill=False))
+    under_test.broker = broker  # type: ignore[attr-defined]
+    return under_test
+
+
+def read_all(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Any]:
+    """Every message of a topic up to its current end (LSO for read_committed, else the high
+    watermark), in partition and offset order."""
+    from connectors.kafka_clients import admin_client, describe_partitions, end_offsets
+    from connectors.range_reader import read_range
+
+    admin = admin_client({"bootstrap.servers": bootstrap})
+    partitions = describe_partitions(admin, [topic])
+    ends = end_offsets(admin, partitions, read_committed=isolation == "read_committed")
+    reader = consumer({"bootstrap.servers": bootstrap, "isolation.level": isolation})
+    messages: list[Any] = []
+    try:
+        for partition in partitions[topic]:
+            for batch in read_range(reader, topic, partition, 0, ends[(topic, partition)]):
+                messages.extend(batch)
+    finally:
+        reader.close()
+    return messages

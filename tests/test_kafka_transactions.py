@@ -1,0 +1,50 @@
+"""The broker really does transactions: read_committed hides aborted records, read_uncommitted
+shows them. Everything eos promises rests on this, so it is pinned first."""
+
+from __future__ import annotations
+
+from connectors.kafka_clients import producer
+from tests.support import read_all
+
+
+def test_read_committed_sees_only_committed_records(bootstrap, new_topic, unique_name):
+    topic = new_topic(partitions=2)
+    txn = producer({"bootstrap.servers": bootstrap, "transactional.id": unique_name("txn")})
+    txn.init_transactions(30)
+
+    txn.begin_transaction()
+    for i in range(10):
+        txn.produce(topic, key=f"k{i}".encode(), value=f"committed-{i}".encode())
+    txn.commit_transaction(30)
+
+    txn.begin_transaction()
+    for i in range(5):
+        txn.produce(topic, key=f"k{i}".encode(), value=f"aborted-{i}".encode())
+    txn.flush(30)  # the aborted records really reach the log before the abort
+    txn.abort_transaction(30)
+
+    txn.begin_transaction()
+    txn.produce(topic, key=b"k-last", value=b"committed-last")
+    txn.commit_transaction(30)
+
+    committed = sorted(m.value().decode() for m in read_all(bootstrap, topic, "read_committed"))
+    everything = sorted(m.value().decode() for m in read_all(bootstrap, topic, "read_uncommitted"))
+
+    expected_committed = sorted([f"committed-{i}" for i in range(10)] + ["committed-last"])
+    assert committed == expected_committed
+    assert everything == sorted(expected_committed + [f"aborted-{i}" for i in range(5)])
+
+
+def test_open_transaction_is_invisible_until_commit(bootstrap, new_topic, unique_name):
+    topic = new_topic()
+    txn = producer({"bootstrap.servers": bootstrap, "transactional.id": unique_name("txn")})
+    txn.init_transactions(30)
+    txn.begin_transaction()
+    txn.produce(topic, value=b"pending")
+    txn.flush(30)
+
+    assert read_all(bootstrap, topic, "read_committed") == []
+    assert [m.value() for m in read_all(bootstrap, topic, "read_uncommitted")] == [b"pending"]
+
+    txn.commit_transaction(30)
+    assert [m.value() for m in read_all(bootstrap, topic, "read_committed")] == [b"pending"]
