@@ -1,47 +1,239 @@
-"""`eos demo`: the README's run command.
+"""`eos demo`: the README's run command, end to end on the embedded broker.
 
-Until the pipeline runner exists this is a smoke job: it starts the local broker, commits one
-transaction and aborts another, and shows that a read_committed reader sees exactly the first.
+1. start the local Kafka broker (or use $EOS_BOOTSTRAP with --external-kafka);
+2. reset the demo's topics and checkpoint;
+3. generate ad impressions and clicks, with duplicates (same event_id) and late events, and
+   keep the ground truth: the counts per campaign per minute of the distinct events;
+4. run examples/ad_attribution.yaml until it has consumed everything;
+5. read the output with read_committed and compare it, window by window, to the ground truth.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import random
+import shutil
 import sys
-import uuid
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
 
-from connectors.kafka_clients import admin_client, consumer, create_topic, end_offsets, producer
-from connectors.range_reader import read_range
-from eos.localkafka import LocalBroker
+from connectors.kafka_clients import admin_client, create_topic, producer
+from eos.errors import EnvironmentProblem
+from eos.paths import eos_home, examples_dir
+
+INPUT_TOPIC = "ad-events"
+OUTPUT_TOPIC = "campaign-counts"
+PIPELINE_NAME = "ad-attribution"
+BASE_TIME_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: fixed, so a seed gives the same events
+MINUTE_MS = 60_000
 
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def run_smoke(port: int = 9092) -> int:
-    broker = LocalBroker(port=port)
-    broker.start(progress=_say)
-    topic = f"eos-smoke-{uuid.uuid4().hex[:8]}"
-    config = {"bootstrap.servers": broker.bootstrap}
-    admin = admin_client(config)
-    create_topic(admin, topic)
-    txn = producer({**config, "transactional.id": f"eos-smoke-{uuid.uuid4().hex[:8]}"})
-    txn.init_transactions(30)
-    for outcome in ("commit", "abort"):
-        txn.begin_transaction()
-        for i in range(5):
-            txn.produce(topic, value=f"{outcome}-{i}".encode())
-        txn.flush(30)
-        txn.commit_transaction(30) if outcome == "commit" else txn.abort_transaction(30)
-    seen = {}
-    for isolation in ("read_committed", "read_uncommitted"):
-        end = end_offsets(admin, {topic: [0]}, read_committed=isolation == "read_committed")[(topic, 0)]
-        reader = consumer({**config, "isolation.level": isolation})
-        seen[isolation] = [m.value().decode() for batch in read_range(reader, topic, 0, 0, end) for m in batch]
-        reader.close()
-    ok = seen["read_committed"] == [f"commit-{i}" for i in range(5)] and len(seen["read_uncommitted"]) == 10
-    print(
-        f"read_committed saw {len(seen['read_committed'])} records, read_uncommitted saw "
-        f"{len(seen['read_uncommitted'])}: {'OK' if ok else 'FAILED'}"
+@dataclass
+class DemoTruth:
+    """What the generator wrote, and the counts a correct pipeline must output."""
+
+    events: int = 0
+    records_written: int = 0
+    duplicates: int = 0
+    late: int = 0
+    expected: dict[tuple[str, int], Counter[str]] = field(default_factory=dict)
+
+    def expected_counts(self) -> dict[tuple[str, int], tuple[int, int]]:
+        return {k: (c["impression"], c["click"]) for k, c in self.expected.items()}
+
+
+def generate_events(
+    n: int, seed: int = 7, campaigns: int = 8, minutes: int = 10
+) -> tuple[list[dict[str, Any]], DemoTruth]:
+    """Events in the order they arrive: duplicates resent within 20 s, 5% late by up to 30 s,
+    one heartbeat at the end whose event time closes every window."""
+    rng = random.Random(seed)
+    truth = DemoTruth(events=n)
+    arrivals: list[tuple[float, int, dict[str, Any]]] = []
+    span = minutes * MINUTE_MS
+    for i in range(n):
+        event_time = BASE_TIME_MS + (i * span) // n
+        event = {
+            "event_id": f"ev-{seed}-{i}",
+            "event_type": "click" if rng.random() < 0.12 else "impression",
+            "campaign_id": f"campaign-{rng.randrange(campaigns):02d}",
+            "user_id": f"user-{rng.randrange(5000)}",
+            "event_time": event_time,
+        }
+        key = (event["campaign_id"], event_time - event_time % MINUTE_MS)
+        truth.expected.setdefault(key, Counter())[event["event_type"]] += 1
+        arrival = event_time
+        if rng.random() < 0.05:
+            arrival += rng.uniform(5_000, 30_000)
+            truth.late += 1
+        arrivals.append((arrival, i, event))
+        if rng.random() < 0.08:
+            arrivals.append((event_time + rng.uniform(1_000, 20_000), i, dict(event)))
+            truth.duplicates += 1
+    heartbeat_time = BASE_TIME_MS + span + 3 * MINUTE_MS
+    heartbeat = {"event_id": f"heartbeat-{seed}", "event_type": "heartbeat", "campaign_id": "-", "user_id": "-",
+                 "event_time": heartbeat_time}  # fmt: skip
+    arrivals.append((heartbeat_time, n, heartbeat))
+    arrivals.sort(key=lambda a: (a[0], a[1]))
+    events = [event for _, _, event in arrivals]
+    truth.records_written = len(events)
+    return events, truth
+
+
+def to_json_record(event: dict[str, Any]) -> bytes:
+    iso = datetime.fromtimestamp(event["event_time"] / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+    return json.dumps({**event, "event_time": iso.replace("+00:00", "Z")}).encode()
+
+
+def write_events(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> None:
+    out = producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
+    for event in events:
+        while True:
+            try:
+                out.produce(topic, to_json_record(event), event["campaign_id"].encode())
+                break
+            except BufferError:
+                out.poll(0.1)
+    if out.flush(60):
+        raise EnvironmentProblem(f"could not deliver the demo events to {topic} at {bootstrap}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking the output
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DemoCheck:
+    windows_expected: int
+    windows_seen: int
+    duplicated_windows: list[tuple[str, int]]
+    missing_windows: list[tuple[str, int]]
+    unexpected_windows: list[tuple[str, int]]
+    wrong_counts: list[tuple[tuple[str, int], tuple[int, int], tuple[int, int]]]
+    aborted_records_seen: int
+
+    @property
+    def ok(self) -> bool:
+        return not (self.duplicated_windows or self.missing_windows or self.unexpected_windows or self.wrong_counts)
+
+
+def _iso_ms(text: str) -> int:
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def check_output(bootstrap: str, topic: str, truth: DemoTruth) -> DemoCheck:
+    from eos.verify import read_topic
+
+    committed = read_topic(bootstrap, topic, read_committed=True)
+    everything = read_topic(bootstrap, topic, read_committed=False)
+    seen: dict[tuple[str, int], tuple[int, int]] = {}
+    duplicated: list[tuple[str, int]] = []
+    for record in committed:
+        row = json.loads(record.value)
+        key = (row["campaign_id"], _iso_ms(row["window_start"]))
+        if key in seen:
+            duplicated.append(key)
+        seen[key] = (row["impressions"], row["clicks"])
+    expected = truth.expected_counts()
+    return DemoCheck(
+        windows_expected=len(expected),
+        windows_seen=len(seen),
+        duplicated_windows=duplicated,
+        missing_windows=sorted(set(expected) - set(seen)),
+        unexpected_windows=sorted(set(seen) - set(expected)),
+        wrong_counts=[(k, seen[k], expected[k]) for k in sorted(set(seen) & set(expected)) if seen[k] != expected[k]],
+        aborted_records_seen=len(everything) - len(committed),
     )
-    return 0 if ok else 1
+
+
+def print_check(check: DemoCheck, truth: DemoTruth) -> None:
+    impressions = sum(c["impression"] for c in truth.expected.values())
+    clicks = sum(c["click"] for c in truth.expected.values())
+    print(
+        f"input:  {truth.records_written} records = {truth.events} distinct events ({impressions} impressions, "
+        f"{clicks} clicks) + {truth.duplicates} duplicates + 1 heartbeat; {truth.late} events late"
+    )
+    print(f"output: {check.windows_seen} campaign-minute windows (expected {check.windows_expected})")
+    for label, items in (
+        ("duplicated windows", check.duplicated_windows),
+        ("missing windows", check.missing_windows),
+        ("unexpected windows", check.unexpected_windows),
+        ("wrong counts (seen, expected)", check.wrong_counts),
+    ):
+        if items:
+            print(f"  {label}: {len(items)}, e.g. {items[:3]}")
+    verdict = "EXACTLY ONCE: every window matches the ground truth" if check.ok else "MISMATCH"
+    print(f"check:  {verdict}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The demo
+# ---------------------------------------------------------------------------------------------
+
+
+def reset_demo(bootstrap: str, checkpoint_dir: Path, ledger_topic: str) -> None:
+    admin = admin_client({"bootstrap.servers": bootstrap})
+    existing = set(admin.list_topics(timeout=10).topics)
+    doomed = [t for t in (INPUT_TOPIC, OUTPUT_TOPIC, ledger_topic) if t in existing]
+    if doomed:
+        for future in admin.delete_topics(doomed, operation_timeout=30).values():
+            future.result()
+        deadline = time.monotonic() + 60
+        while set(doomed) & set(admin.list_topics(timeout=10).topics):
+            if time.monotonic() > deadline:
+                raise EnvironmentProblem(f"topics {doomed} were not deleted within 60 s")
+            time.sleep(0.2)
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+
+
+def run_demo(
+    port: int = 9092,
+    external_kafka: bool = False,
+    master: str | None = None,
+    events: int = 40_000,
+    seed: int = 7,
+) -> int:
+    from eos.config import load_pipeline
+    from eos.runner import RunOptions, run_config
+
+    if external_kafka:
+        bootstrap = os.environ.get("EOS_BOOTSTRAP")
+        if not bootstrap:
+            raise EnvironmentProblem("--external-kafka needs EOS_BOOTSTRAP (host:port,...)")
+    else:
+        from eos.localkafka import LocalBroker
+
+        bootstrap = LocalBroker(port=port).start(progress=_say).bootstrap
+    os.environ["EOS_BOOTSTRAP"] = bootstrap
+    os.environ.setdefault("EOS_CHECKPOINT_DIR", str(eos_home() / "demo" / "checkpoints"))
+    pipeline_file = examples_dir() / "ad_attribution.yaml"
+    config = load_pipeline(pipeline_file)
+    checkpoint = Path(config.checkpoint_path(pipeline_file.parent))
+
+    _say(f"Resetting the demo topics and checkpoint ({checkpoint}) ...")
+    reset_demo(bootstrap, checkpoint, config.ledger_topic)
+    create_topic(admin_client({"bootstrap.servers": bootstrap}), INPUT_TOPIC, 4)
+    generated, truth = generate_events(events, seed)
+    write_events(bootstrap, INPUT_TOPIC, generated)
+    _say(
+        f"Wrote {truth.records_written} ad events to {INPUT_TOPIC} ({truth.duplicates} duplicates, {truth.late} late)."
+    )
+
+    _say(f"Running {pipeline_file.name} until it has consumed everything (Spark {master or 'local[*]'}) ...")
+    started = time.monotonic()
+    result = run_config(config, pipeline_file.parent, RunOptions(master=master, trigger="available-now"))
+    _say(f"Pipeline done: {result.epochs_committed} epochs in {time.monotonic() - started:.1f} s.")
+
+    check = check_output(bootstrap, OUTPUT_TOPIC, truth)
+    print_check(check, truth)
+    return 0 if check.ok else 1

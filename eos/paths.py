@@ -33,3 +33,7 @@ def ops_dir() -> Path:
 
 def schemas_dir() -> Path:
     return _first_existing(REPO_DIR / "schemas", PACKAGE_DIR / "_schemas")
+
+
+def examples_dir() -> Path:
+    return _first_existing(REPO_DIR / "examples", PACKAGE_DIR / "_examples")

@@ -1,0 +1,292 @@
+"""The re-settable Kafka source: a PySpark Python streaming data source ("eos-kafka").
+
+- The driver plans each epoch's end offsets (`latestOffset`) and Spark logs them before any
+  record is read: that log is the barrier. A replay reads exactly the logged ranges (I4).
+- `initialOffset` returns the starting offsets eos resolved once and stored in the checkpoint,
+  so it is stable across restarts.
+- read_committed by default, planned up to the last stable offset; ranges end at their planned
+  end offset, never at "N records read" (markers and aborted records leave offset gaps).
+- Admission control: at most N offsets an epoch, spread fairly over partitions; a large range
+  is split over several tasks.
+- Reads yield Arrow record batches: key, value, topic, partition, offset, timestamp, headers.
+- After each epoch the end offsets are committed to a consumer group, for lag monitoring only.
+
+The planning methods run in a Python process the Spark driver starts (not in eos's own driver
+process), so everything the reader needs travels in the `eos.source` option as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+from connectors import offsets as planning
+from connectors.kafka_clients import (
+    BrokerUnreachable,
+    UnknownTopic,
+    admin_client,
+    consumer,
+    describe_partitions,
+    end_offsets,
+    start_offsets,
+)
+from connectors.range_reader import RangeReadError, read_range
+
+log = logging.getLogger("eos.source")
+
+FORMAT_NAME = "eos-kafka"
+RAW_SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+    "headers array<struct<key: string, value: binary>>"
+)
+ARROW_BATCH_ROWS = 20_000
+
+
+class SourceError(Exception):
+    """A source problem the pipeline cannot continue past without the user's decision."""
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    name: str
+    client: dict[str, Any]  # librdkafka settings: bootstrap.servers, SASL/SSL, passthrough
+    topics: list[str]
+    starting: dict[str, dict[str, int]]  # resolved starting offsets, encoded
+    max_records_per_epoch: int | None = None
+    max_records_per_task: int = 200_000
+    read_committed: bool = True
+    on_out_of_range: str = "fail"
+    group_id: str | None = None  # consumer group for lag monitoring
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> SourceOptions:
+        return cls(**json.loads(text))
+
+
+class KafkaRange(InputPartition):
+    def __init__(self, topic: str, partition: int, start: int, end: int):
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+def resolve_starting_offsets(
+    client: dict[str, Any], topics: list[str], starting: str | dict[str, dict[int, int]], read_committed: bool = True
+) -> planning.Offsets:
+    """Turn earliest / latest / explicit offsets into explicit per-partition offsets, once."""
+    admin = admin_client(client)
+    partitions = describe_partitions(admin, topics)
+    if starting == "earliest":
+        return start_offsets(admin, partitions)
+    if starting == "latest":
+        return end_offsets(admin, partitions, read_committed=read_committed)
+    assert isinstance(starting, dict)
+    resolved: planning.Offsets = {}
+    for topic in topics:
+        given = starting.get(topic)
+        if given is None:
+            raise SourceError(f"starting_offsets names no offsets for topic {topic!r}")
+        for partition in partitions[topic]:
+            if partition not in given:
+                raise SourceError(f"starting_offsets for {topic!r} has no offset for partition {partition}")
+            resolved[(topic, partition)] = int(given[partition])
+    return resolved
+
+
+# ---------------------------------------------------------------------------------------------
+# Executor side: reading a range into Arrow batches
+# ---------------------------------------------------------------------------------------------
+
+_consumers: dict[str, Any] = {}
+
+
+def _cached_consumer(options: SourceOptions):
+    """One consumer per Python worker and configuration, reused across tasks."""
+    key = json.dumps([options.client, options.read_committed], sort_keys=True)
+    if key not in _consumers:
+        _consumers[key] = consumer(
+            options.client,
+            **{
+                "isolation.level": "read_committed" if options.read_committed else "read_uncommitted",
+                "enable.partition.eof": True,
+                "auto.offset.reset": "error",
+                "fetch.max.bytes": 64 * 1024 * 1024,
+                "max.partition.fetch.bytes": 16 * 1024 * 1024,
+                "queued.max.messages.kbytes": 256 * 1024,
+                "fetch.wait.max.ms": 50,
+            },
+        )
+    return _consumers[key]
+
+
+def to_arrow(messages: list[Any], topic: str, partition: int):
+    import pyarrow as pa
+
+    n = len(messages)
+    keys, values, offsets, stamps, headers = [], [], [], [], []
+    for m in messages:
+        keys.append(m.key())
+        values.append(m.value())
+        offsets.append(m.offset())
+        stamps.append(m.timestamp()[1] * 1000)
+        h = m.headers()
+        headers.append([{"key": k, "value": v} for k, v in h] if h else [])
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(keys, pa.binary()),
+            pa.array(values, pa.binary()),
+            pa.array([topic] * n, pa.string()),
+            pa.array([partition] * n, pa.int32()),
+            pa.array(offsets, pa.int64()),
+            pa.array(stamps, pa.timestamp("us", tz="UTC")),
+            pa.array(headers, HEADERS_TYPE()),
+        ],
+        names=["key", "value", "topic", "partition", "offset", "timestamp", "headers"],
+    )
+
+
+def HEADERS_TYPE():
+    import pyarrow as pa
+
+    return pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
+
+
+def read_partition_range(options: SourceOptions, part: KafkaRange) -> Iterator[Any]:
+    reader = _cached_consumer(options)
+    start = part.start
+    try:
+        pending: list[Any] = []
+        for batch in read_range(reader, part.topic, part.partition, start, part.end):
+            pending.extend(batch)
+            if len(pending) >= ARROW_BATCH_ROWS:
+                yield to_arrow(pending, part.topic, part.partition)
+                pending = []
+        if pending:
+            yield to_arrow(pending, part.topic, part.partition)
+    except RangeReadError as exc:
+        if "out of range" in str(exc) and options.on_out_of_range == "earliest":
+            low = start_offsets(admin_client(options.client), {part.topic: [part.partition]})
+            first = low[(part.topic, part.partition)]
+            if first > start:
+                log.error(
+                    "source %s: offsets [%d, %d) of %s/%d were deleted before they were read; "
+                    "on_out_of_range=earliest continues from %d (records LOST)",
+                    options.name, start, first, part.topic, part.partition, first,
+                )  # fmt: skip
+                yield from read_partition_range(options, KafkaRange(part.topic, part.partition, first, part.end))
+                return
+        raise SourceError(f"source {options.name}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver side: planning
+# ---------------------------------------------------------------------------------------------
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions):
+        self.options = options
+        self._admin = None
+        self._group_consumer = None
+        self._available_now_target: planning.Offsets | None = None
+
+    @property
+    def admin(self):
+        if self._admin is None:
+            self._admin = admin_client(self.options.client)
+        return self._admin
+
+    def initialOffset(self) -> dict:
+        return self.options.starting
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.options.max_records_per_epoch
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def _latest(self) -> planning.Offsets:
+        try:
+            partitions = describe_partitions(self.admin, self.options.topics)
+            return end_offsets(self.admin, partitions, read_committed=self.options.read_committed)
+        except UnknownTopic as exc:
+            raise SourceError(
+                f"source {self.options.name}: topic {exc.topic!r} does not exist (deleted, or never created); "
+                "the pipeline stops rather than silently skip or re-read it"
+            ) from None
+        except BrokerUnreachable as exc:
+            raise SourceError(
+                f"source {self.options.name}: cannot reach Kafka at "
+                f"{self.options.client.get('bootstrap.servers')}: {exc}"
+            ) from None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now_target = self._latest()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = planning.decode(start)
+        latest = self._available_now_target if self._available_now_target is not None else self._latest()
+        if self._available_now_target is None:
+            vanished = {tp for tp in begin if tp not in latest}
+            if vanished:
+                raise SourceError(
+                    f"source {self.options.name}: partitions {sorted(vanished)} disappeared (topic deleted and "
+                    "recreated?); refusing to continue"
+                )
+        max_records = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        ends = planning.plan_ends(begin, latest, max_records)
+        # Never plan backwards: a recreated topic has a smaller end than what was read already.
+        for tp, end in ends.items():
+            if end < begin.get(tp, 0):
+                raise SourceError(
+                    f"source {self.options.name}: {tp[0]}/{tp[1]} ends at offset {end}, before offset "
+                    f"{begin[tp]} already read (topic recreated?); refusing to continue"
+                )
+        return planning.encode(ends)
+
+    def partitions(self, start: dict, end: dict) -> list[KafkaRange]:
+        ranges = planning.split_ranges(planning.decode(start), planning.decode(end), self.options.max_records_per_task)
+        return [KafkaRange(r.topic, r.partition, r.start, r.end) for r in ranges]
+
+    def read(self, partition: KafkaRange) -> Iterator[Any]:
+        yield from read_partition_range(self.options, partition)
+
+    def commit(self, end: dict) -> None:
+        """Spark marked the epoch ending at `end` committed: publish progress for lag monitoring."""
+        if not self.options.group_id:
+            return
+        from confluent_kafka import TopicPartition
+
+        try:
+            if self._group_consumer is None:
+                self._group_consumer = consumer(self.options.client, **{"group.id": self.options.group_id})
+            offsets = [TopicPartition(t, p, o) for (t, p), o in planning.decode(end).items()]
+            if offsets:
+                self._group_consumer.commit(offsets=offsets, asynchronous=False)
+        except Exception as exc:  # monitoring only: never fail the pipeline for it
+            log.warning("source %s: could not commit offsets to group %s: %s", self.options.name,
+                        self.options.group_id, exc)  # fmt: skip
+
+    def stop(self) -> None:
+        if self._group_consumer is not None:
+            self._group_consumer.close()
+            self._group_consumer = None
+
+
+class KafkaSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        return RAW_SCHEMA
+
+    def streamReader(self, schema) -> KafkaStreamReader:
+        return KafkaStreamReader(SourceOptions.from_json(self.options["eos.source"]))

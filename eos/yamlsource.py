@@ -1,0 +1,101 @@
+"""Loading YAML while remembering where every value came from (for error messages), and
+interpolating ${VAR} / ${VAR:-default} from the environment (for secrets)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eos.errors import ConfigError
+
+Path_ = tuple[str | int, ...]
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+
+
+@dataclass
+class LoadedYaml:
+    data: Any
+    file: str
+    lines: dict[Path_, int] = field(default_factory=dict)
+    from_env: set[Path_] = field(default_factory=set)
+
+    def line_of(self, path: Path_) -> int | None:
+        """Line of the deepest known node on `path` (1-based)."""
+        for cut in range(len(path), -1, -1):
+            line = self.lines.get(tuple(path[:cut]))
+            if line is not None:
+                return line
+        return None
+
+    def where(self, path: Path_) -> str:
+        line = self.line_of(path)
+        return f"{self.file}:{line}" if line else self.file
+
+
+def _interpolate(text: str, where: str, env: Mapping[str, str]) -> str:
+    def replace(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in env and env[name] != "":
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError(
+            f"{where}: environment variable {name} is not set",
+            hint=f"export {name}=... or write ${{{name}:-default}}",
+        )
+
+    return _ENV.sub(replace, text)
+
+
+def _convert(node: yaml.Node, path: Path_, out: LoadedYaml, env: Mapping[str, str]) -> Any:
+    out.lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        result: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key in result:
+                raise ConfigError(f"{out.file}:{key_node.start_mark.line + 1}: duplicate key {key!r}")
+            result[key] = _convert(value_node, (*path, key), out, env)
+        return result
+    if isinstance(node, yaml.SequenceNode):
+        return [_convert(item, (*path, i), out, env) for i, item in enumerate(node.value)]
+    value = yaml.SafeLoader("").construct_object(node, deep=True)
+    if isinstance(value, str) and "${" in value:
+        out.from_env.add(path)
+        interpolated = _interpolate(value, f"{out.file}:{node.start_mark.line + 1}", env)
+        # A whole-value reference to a number or boolean keeps its YAML type.
+        value = yaml.safe_load(interpolated) if _ENV.fullmatch(value) and interpolated else interpolated
+        if not isinstance(value, (str, int, float, bool)) or value is None:
+            value = interpolated
+    return value
+
+
+def load_yaml(path: str | Path, env: Mapping[str, str] | None = None) -> LoadedYaml:
+    file = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read pipeline file {file}: {exc.strerror or exc}") from exc
+    return parse_yaml(text, file, env)
+
+
+def parse_yaml(text: str, file: str = "<string>", env: Mapping[str, str] | None = None) -> LoadedYaml:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else file
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from exc
+    out = LoadedYaml(None, file)
+    if node is None:
+        raise ConfigError(f"{file}: the pipeline file is empty")
+    out.data = _convert(node, (), out, os.environ if env is None else env)
+    return out
