@@ -1,0 +1,1 @@
+"""CLI subcommands: each module here has `register(subparsers)`; eos.cli discovers them all."""
