@@ -23,7 +23,13 @@ VIEW = r"^[A-Za-z_][A-Za-z0-9_]{0,99}$"
 SECRET_KEY = re.compile(r"(?i)(password|secret|token|jaas|credential|apikey|api\.key)")
 ClientValue = str | int | float | bool
 
-_UNITS = {"ms": 0.001, "s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
+_UNITS = {
+    **dict.fromkeys(("ms", "msec", "millisecond", "milliseconds"), 0.001),
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1.0),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60.0),
+    **dict.fromkeys(("h", "hour", "hours"), 3600.0),
+}
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*")
 
 
 def parse_duration(value: Any) -> float:
@@ -33,7 +39,7 @@ def parse_duration(value: Any) -> float:
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+?)s?\s*", str(value).lower())
+        match = _DURATION.fullmatch(str(value).lower())
         if not match or match.group(2) not in _UNITS:
             raise ValueError(f"{value!r} is not a duration; write e.g. 500ms, 2s, 1m or '1 minute'")
         seconds = float(match.group(1)) * _UNITS[match.group(2)]
@@ -69,6 +75,12 @@ class FormatConfig(Model):
             raise ValueError(f"format {self.type} takes no schema")
         if self.type == "avro" and not (self.schema_file or self.registry):
             raise ValueError("format avro needs `schema:` (an .avsc file) or `registry:`")
+        if self.type == "json" and (self.registry or self.reader_schema):
+            raise ValueError("format json takes `schema:` only (registry and reader_schema are for avro)")
+        if self.subject and not self.registry:
+            raise ValueError("`subject:` names a schema registry subject; it needs `registry:`")
+        if self.registry and not self.registry.startswith(("http://", "https://", "file:")):
+            raise ValueError(f"registry {self.registry!r}: expected an http(s):// URL or file:DIR")
         return self
 
     @property

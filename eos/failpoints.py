@@ -132,9 +132,11 @@ class Failpoints:
             print(f"eos failpoint: kill -9 at {where}", flush=True)
             # The driver's group holds the driver and the Spark JVM; PySpark's worker daemon
             # puts itself and the Python workers in a group of their own.
-            for group in {self.driver_pgid, os.getpgid(0)} - {0}:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(group, signal.SIGKILL)
+            # The driver first: killing our own group first would kill us before we got to it.
+            for group in dict.fromkeys([self.driver_pgid, os.getpgid(0)]):
+                if group:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(group, signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
 
 

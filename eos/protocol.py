@@ -55,6 +55,19 @@ class EpochReport:
     commit_s: float
     committed_at: float = field(default_factory=time.time)
     txn_commits: int = 0
+    # The slots' own reports (records per sink, timings, ...), for per-slot metrics.
+    slot_reports: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class AttemptVotes:
+    """What the coordinator saw of a failed attempt: the slots that pre-committed (records per
+    sink in their transactions) and the slots that reported their commit before it failed."""
+
+    epoch: int
+    attempt: int
+    prepared: dict[int, dict[str, int]]
+    committed: frozenset[int]
 
 
 @dataclass
@@ -72,6 +85,7 @@ class EpochListener:
     def on_epoch_start(self, epoch: int, attempt: int) -> None: ...
     def on_epoch_committed(self, report: EpochReport) -> None: ...
     def on_epoch_aborted(self, epoch: int, attempt: int, reason: str, retrying: bool) -> None: ...
+    def on_attempt_failed(self, votes: AttemptVotes) -> None: ...
 
 
 def user_message(exc: BaseException) -> str | None:
@@ -203,6 +217,7 @@ class EpochCommitter:
             except Exception as exc:
                 if self.coordinator is not None:
                     self.coordinator.close_attempt(epoch, attempt, "the attempt failed")
+                    self._emit_votes(epoch, attempt)
                 reason = user_message(exc) or f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
                 if _is_permanent(exc):
                     self._emit("on_epoch_aborted", epoch, attempt, reason, False)
@@ -225,6 +240,19 @@ class EpochCommitter:
             self.failpoints.hit("epoch.after_commit", epoch)
             self.last_epoch_end = time.monotonic()
             return
+
+    def _emit_votes(self, epoch: int, attempt: int) -> None:
+        """Tell listeners which transactions a failed attempt pre-committed or committed."""
+        state = self.coordinator.attempt_state(epoch, attempt) if self.coordinator is not None else None
+        if state is None:
+            return
+        try:  # copies first: a late vote may still arrive on the coordinator's threads
+            votes, committed = dict(state.prepared), frozenset(state.committed)
+            prepared = {slot: dict(info.get("records", {})) for slot, info in votes.items()}
+        except Exception:
+            log.exception("could not read the votes of epoch %d attempt %d", epoch, attempt)
+            return
+        self._emit("on_attempt_failed", AttemptVotes(epoch, attempt, prepared, committed))
 
     def _plan(self, epoch: int, attempt: int) -> EpochPlan:
         skip = frozenset(key for key, entry in self.ledger.items() if entry.epoch >= epoch)
@@ -320,4 +348,17 @@ class EpochCommitter:
             agreement_s=agreement,
             commit_s=slowest("commit_s"),
             txn_commits=commits,
+            slot_reports=reports,
         )
+
+
+def fence_targets(targets: Iterable[SinkTarget], slots: int, timeout_s: float = 60.0) -> int:
+    """Fence every transactional id of `targets` for slots 0..slots-1; returns how many."""
+    count = 0
+    for target in targets:
+        if target.topic is None:
+            continue
+        ids = [f"{target.transactional_prefix}-{slot}" for slot in range(slots)]
+        fence(target.client, ids, timeout_s)
+        count += len(ids)
+    return count

@@ -317,7 +317,16 @@ def _await(query, committer: EpochCommitter, epoch_timeout_s: float, handle_sign
                 committer.stop_requested = True
                 if committer.busy.acquire(timeout=epoch_timeout_s + 30):
                     committer.busy.release()
-                query.stop()
+                try:
+                    query.stop()
+                except Exception as exc:  # the JVM got the signal too (a process-group kill) and stopped
+                    print(
+                        f"eos: Spark stopped on its own ({str(exc).splitlines()[0][:120]}); any epoch in "
+                        "flight is aborted and will be replayed on the next start",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    break
         return signal.Signals(stop_signal[0]).name if stop_signal else "finished"
     finally:
         for signum, handler in previous.items():

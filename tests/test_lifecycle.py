@@ -1,0 +1,87 @@
+"""Operating a pipeline: graceful stop on SIGTERM, and changing the slot count safely."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+from eos.checkpoint import Checkpoint
+from tests.pipelines import (
+    ROOT,
+    assert_exactly_once,
+    committed_values,
+    eos_subprocess,
+    passthrough_pipeline,
+    produce_numbered,
+    write_pipeline,
+)
+
+
+def test_sigterm_finishes_the_current_epoch_then_stops(bootstrap, new_topic, unique_name, tmp_path):
+    source, sink = new_topic(partitions=2), new_topic(partitions=2)
+    sent = produce_numbered(bootstrap, source, 0, 3000)
+    config = passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck", max_records_per_epoch=200)
+    config["epochs"]["trigger"] = "200ms"
+    path = write_pipeline(tmp_path, config)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eos", "run", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 180
+    for line in proc.stdout:
+        lines.append(line)
+        if "epoch 1 committed" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+        assert time.monotonic() < deadline, "".join(lines)
+    output = "".join(lines) + proc.stdout.read()
+    assert proc.wait(120) == 0, output[-3000:]
+    assert "SIGTERM: finishing the current epoch, then stopping" in output
+    assert "stopped (SIGTERM)" in output
+    checkpoint = Checkpoint(str(tmp_path / "ck"))
+    stopped_at = checkpoint.last_committed_epoch()
+    assert stopped_at is not None and stopped_at < 14, "it stopped early, not at the end of the input"
+    assert checkpoint.last_logged_epoch() in (stopped_at, stopped_at + 1)  # at most one logged, not started
+
+    config["epochs"]["trigger"] = "available-now"
+    assert eos_subprocess("run", str(write_pipeline(tmp_path, config))).returncode == 0
+    assert_exactly_once(sent, committed_values(bootstrap, sink))
+
+
+def test_rescale_is_refused_while_an_epoch_is_pending_and_then_changes_the_slots(
+    bootstrap, new_topic, unique_name, tmp_path
+):
+    source, sink = new_topic(partitions=2), new_topic(partitions=2)
+    sent = produce_numbered(bootstrap, source, 0, 900)
+    config = passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck", slots=2)
+    path = write_pipeline(tmp_path, config)
+    assert eos_subprocess("run", str(path), "--failpoint", "sink.mid_produce=kill@epoch=1").killed
+
+    refused = eos_subprocess("rescale", str(path), "--slots", "1")
+    assert refused.returncode != 0
+    assert "epoch 1 is logged but not committed" in refused.output
+
+    config["epochs"]["slots"] = 1
+    mismatch = eos_subprocess("run", str(write_pipeline(tmp_path, config)))
+    assert mismatch.returncode != 0 and "created with 2 sink slots" in mismatch.output
+    assert "eos rescale" in mismatch.output
+
+    config["epochs"]["slots"] = 2
+    assert eos_subprocess("run", str(write_pipeline(tmp_path, config))).returncode == 0  # replays epoch 1
+    sent += produce_numbered(bootstrap, source, 900, 600)
+    rescaled = eos_subprocess("rescale", str(path), "--slots", "1")
+    assert rescaled.returncode == 0, rescaled.output
+    assert Checkpoint(str(tmp_path / "ck")).read_meta().slots == 1
+
+    config["epochs"]["slots"] = 1
+    finished = eos_subprocess("run", str(write_pipeline(tmp_path, config)))
+    assert finished.returncode == 0, finished.output[-3000:]
+    assert_exactly_once(sent, committed_values(bootstrap, sink))
