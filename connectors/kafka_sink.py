@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -295,6 +296,10 @@ def write_slot(plan: EpochPlan, slot: int, batches: Iterator[Any]) -> dict[str, 
             report["records"][name] = write.records
         report["flush_s"] = time.perf_counter() - flush_started
         if not plan.exactly_once:
+            # No vote and no commit: the records are already visible. The same points fire here so
+            # the fault matrix can crash at-least-once runs where exactly-once runs are crashed.
+            for point in ("sink.after_precommit", "sink.after_agreement", "sink.between_commits"):
+                fp.hit(point, plan.epoch, slot, plan.attempt)
             return report
 
         fp.hit("sink.after_precommit", plan.epoch, slot, plan.attempt)
@@ -332,6 +337,9 @@ def _commit(write: SinkWrite, timeout_s: float) -> None:
     try:
         _retry(lambda: instance.commit_transaction(timeout_s), f"commit {write.txid}", timeout_s)
     except Exception as exc:
+        # Visible in the executor's log: a zombie that wakes up after a newer attempt fenced its
+        # transactional id ends here, and nothing it wrote becomes visible.
+        print(f"eos: commit of {write.txid} refused: {kafka_error(exc) or exc}", file=sys.stderr, flush=True)
         if requires_abort(exc):
             _abort_quietly(write)
             raise SlotAborted(f"commit of {write.txid} needs an abort: {kafka_error(exc)}") from exc

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -37,6 +38,8 @@ from connectors.kafka_clients import (
     start_offsets,
 )
 from connectors.range_reader import RangeReadError, read_range
+from eos.failpoints import Failpoints
+from eos.failpoints import parse as parse_failpoints
 
 log = logging.getLogger("eos.source")
 
@@ -63,7 +66,10 @@ class SourceOptions:
     read_committed: bool = True
     on_out_of_range: str = "fail"
     group_id: str | None = None  # consumer group for lag monitoring
-    extra: dict[str, Any] = field(default_factory=dict)
+    broker_wait_s: float = 120.0  # how long planning retries an unreachable broker before failing
+    failpoints: list[str] = field(default_factory=list)  # armed specs (tests and soak runs)
+    failpoint_state: str = ""
+    driver_pgid: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -161,6 +167,10 @@ def HEADERS_TYPE():
 
 
 def read_partition_range(options: SourceOptions, part: KafkaRange) -> Iterator[Any]:
+    if options.failpoints:
+        Failpoints(parse_failpoints(options.failpoints), options.failpoint_state, options.driver_pgid).hit(
+            "source.read", slot=part.partition
+        )
     reader = _cached_consumer(options)
     start = part.start
     try:
@@ -213,19 +223,28 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
     def _latest(self) -> planning.Offsets:
-        try:
-            partitions = describe_partitions(self.admin, self.options.topics)
-            return end_offsets(self.admin, partitions, read_committed=self.options.read_committed)
-        except UnknownTopic as exc:
-            raise SourceError(
-                f"source {self.options.name}: topic {exc.topic!r} does not exist (deleted, or never created); "
-                "the pipeline stops rather than silently skip or re-read it"
-            ) from None
-        except BrokerUnreachable as exc:
-            raise SourceError(
-                f"source {self.options.name}: cannot reach Kafka at "
-                f"{self.options.client.get('bootstrap.servers')}: {exc}"
-            ) from None
+        """Partitions and their latest offsets. A broker that restarts is waited for (bounded by
+        broker_wait_s); a topic that no longer exists stops the pipeline."""
+        from confluent_kafka import KafkaException
+
+        deadline = time.monotonic() + self.options.broker_wait_s
+        while True:
+            try:
+                partitions = describe_partitions(self.admin, self.options.topics)
+                return end_offsets(self.admin, partitions, read_committed=self.options.read_committed)
+            except UnknownTopic as exc:
+                raise SourceError(
+                    f"source {self.options.name}: topic {exc.topic!r} does not exist (deleted, or never created); "
+                    "the pipeline stops rather than silently skip or re-read it"
+                ) from None
+            except (BrokerUnreachable, KafkaException) as exc:
+                if time.monotonic() > deadline:
+                    raise SourceError(
+                        f"source {self.options.name}: cannot reach Kafka at "
+                        f"{self.options.client.get('bootstrap.servers')} for {self.options.broker_wait_s:.0f} s: {exc}"
+                    ) from None
+                log.warning("source %s: Kafka unreachable (%s); retrying", self.options.name, exc)
+                time.sleep(1.0)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._available_now_target = self._latest()

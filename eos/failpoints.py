@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 POINTS: dict[str, str] = {
+    "source.read": "task: a source read task fails before reading (Spark retries the task; slot = partition)",
     "epoch.after_offsets_logged": "driver: the epoch's end offsets are in Spark's offset log, nothing read yet",
     "sink.mid_produce": "task: some of the slot's records are produced into its open transaction",
     "sink.after_precommit": "task: the transaction is flushed with its ledger record; the vote is not sent",

@@ -20,6 +20,7 @@ from connectors.kafka_source import FORMAT_NAME, KafkaSource, SourceOptions
 from eos.checkpoint import CheckpointMeta
 from eos.config import KafkaSinkConfig, KafkaSourceConfig, PipelineConfig
 from eos.errors import ConfigError
+from eos.failpoints import DISARMED, Failpoints
 
 
 def client_config(kafka: KafkaSourceConfig | KafkaSinkConfig) -> dict[str, Any]:
@@ -68,7 +69,13 @@ class BuiltPipeline:
     targets: dict[str, SinkTarget]
 
 
-def build(spark, config: PipelineConfig, meta: CheckpointMeta, base_dir: Path | None = None) -> BuiltPipeline:
+def build(
+    spark,
+    config: PipelineConfig,
+    meta: CheckpointMeta,
+    base_dir: Path | None = None,
+    failpoints: Failpoints = DISARMED,
+) -> BuiltPipeline:
     spark.dataSource.register(KafkaSource)
     rows = []
     for source in config.sources:
@@ -83,6 +90,9 @@ def build(spark, config: PipelineConfig, meta: CheckpointMeta, base_dir: Path | 
             read_committed=kafka.isolation == "read_committed",
             on_out_of_range=kafka.on_out_of_range,
             group_id=f"{config.consumer_group}.{source.name}",
+            failpoints=[p.spec() for p in failpoints.points if p.name == "source.read"],
+            failpoint_state=failpoints.state_dir,
+            driver_pgid=failpoints.driver_pgid,
         )
         raw = spark.readStream.format(FORMAT_NAME).option("eos.source", options.to_json()).load()
         good, poison = split_poison(decode_source(raw, source, base_dir), source, config.name)

@@ -230,7 +230,7 @@ class EpochCommitter:
                         f"epoch {epoch} failed {self.consecutive_failures} consecutive times "
                         f"(tolerable_failures: {self.tolerable_failures}); last error: {reason}"
                     ) from exc
-                self.recover(f"epoch {epoch} attempt {attempt} failed")
+                self._recover_between_attempts(epoch, attempt)
                 continue
             if self.coordinator is not None:
                 self.coordinator.close_attempt(epoch, attempt, "finished")
@@ -253,6 +253,26 @@ class EpochCommitter:
             log.exception("could not read the votes of epoch %d attempt %d", epoch, attempt)
             return
         self._emit("on_attempt_failed", AttemptVotes(epoch, attempt, prepared, committed))
+
+    def _recover_between_attempts(self, epoch: int, attempt: int) -> None:
+        """Fence and re-read the ledger before the next attempt. The broker may be restarting:
+        a failed recovery counts against the same tolerance, with a growing pause."""
+        while True:
+            try:
+                self.recover(f"epoch {epoch} attempt {attempt} failed")
+                return
+            except CheckpointError:
+                raise
+            except Exception as exc:
+                self.consecutive_failures += 1
+                reason = f"recovery failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                retrying = self.consecutive_failures <= self.tolerable_failures
+                self._emit("on_epoch_aborted", epoch, attempt, reason, retrying)
+                if not retrying:
+                    raise EpochFailed(
+                        f"epoch {epoch}: {reason} (tolerable_failures: {self.tolerable_failures})"
+                    ) from exc
+                time.sleep(min(30.0, 2.0**self.consecutive_failures))
 
     def _plan(self, epoch: int, attempt: int) -> EpochPlan:
         skip = frozenset(key for key, entry in self.ledger.items() if entry.epoch >= epoch)
@@ -286,7 +306,9 @@ class EpochCommitter:
         job = routed.mapInArrow(slot_task(plan), REPORT_SCHEMA, barrier=self.exactly_once)
         sc = self.spark.sparkContext
         tag = f"eos-{self.pipeline}-{plan.epoch}-{plan.attempt}-{uuid.uuid4().hex[:6]}"
-        watchdog = threading.Timer(self.epoch_timeout_s + 30, lambda: sc.cancelJobsWithTag(tag))
+        # The coordinator aborts undecided slots at the timeout; this ends a job whose tasks hang
+        # anyway (a stalled slot after the decision, a read that never returns).
+        watchdog = threading.Timer(self.epoch_timeout_s + 5, lambda: sc.cancelJobsWithTag(tag))
         watchdog.daemon = True
         started = time.perf_counter()
         sc.addJobTag(tag)

@@ -205,7 +205,7 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
                 hint="give Spark more cores (local[N], more executors) or use fewer slots",
             )
         _check_sink_topics(config)
-        built = build(spark, config, meta, base_dir)
+        built = build(spark, config, meta, base_dir, failpoints)
         if created:
             checkpoint.write_meta(meta)
         exactly_once = config.epochs.mode == "exactly-once"
