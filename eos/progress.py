@@ -1,18 +1,33 @@
 """Per-epoch progress for people, and Spark's own progress as events.
 
-One line per committed epoch: records in (from Spark's progress) and out, rate, and the time
-each protocol phase took. Recoveries and aborted attempts get a line of their own.
+One permanent line per committed epoch: records in (Spark's progress) and out, rate, the time
+each protocol phase took, and the source lag. Recoveries and aborted attempts get a line of
+their own. On a terminal a transient status line below them shows the epoch in flight and
+its phase (read+process+pre-commit, agreement k/n, commit k/n, mark committed), refreshed
+four times a second; anywhere else (a pipe, a log file, TERM=dumb) only the plain lines are
+written.
+
+SparkProgressBridge turns Spark's StreamingQueryListener callbacks into `on_spark_progress`
+calls, once per batch, and catches up from `query.recentProgress` when the query ends (the
+listener bus is asynchronous: the last batch's event can arrive after the query stopped).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 from typing import IO, Any
 
 from pyspark.sql.streaming import StreamingQueryListener
 
+from eos.lag import LagMonitor
 from eos.protocol import EpochListener, EpochReport, RecoveryReport
+from eos.tracker import EpochTracker
+
+log = logging.getLogger("eos.progress")
+PLAN_KEYS = ("latestOffset", "walCommit", "queryPlanning", "getBatch")
 
 
 def _ms(seconds: float | None) -> str:
@@ -21,23 +36,112 @@ def _ms(seconds: float | None) -> str:
     return f"{seconds * 1000:.1f}ms" if seconds < 0.1 else f"{seconds * 1000:.0f}ms"
 
 
+def epoch_line(
+    report: EpochReport, progress: dict[str, Any] | None, lag: int | None = None, consumed: int | None = None
+) -> str:
+    """The permanent line of a committed epoch. "in" is the offsets the epoch consumed when known
+    (Spark's numInputRows counts a source once per scan: twice with a dead-letter split)."""
+    out = sum(report.records_out.values())
+    records_in = consumed if consumed is not None else (progress.get("numInputRows") if progress else None)
+    durations = (progress or {}).get("durationMs", {})
+    total_s = durations.get("triggerExecution", report.job_s * 1000) / 1000
+    rate = (records_in if records_in is not None else out) / total_s if total_s > 0 else 0.0
+    plan_ms = sum(durations.get(k, 0) for k in PLAN_KEYS)
+    extras = []
+    if report.replay_skipped or report.skipped_slots:
+        extras.append(f"replay: {report.skipped_slots} slot(s) already committed, skipped")
+    if report.counted_only:
+        extras.append(f"poison skipped: {sum(report.counted_only.values())}")
+    if report.attempts > 1:
+        extras.append(f"attempts {report.attempts}")
+    mark = f" mark {durations['commitOffsets']}ms" if "commitOffsets" in durations else ""
+    return (
+        f"epoch {report.epoch} committed | in {records_in if records_in is not None else '?'} | out {out} | "
+        f"{rate:,.0f} rec/s | plan {plan_ms:.0f}ms read+process {_ms(report.read_process_s)} "
+        f"pre-commit {_ms(report.precommit_s)} agree {_ms(report.agreement_s)} "
+        f"(wait {_ms(report.vote_wait_s)}) commit {_ms(report.commit_s)}{mark}"
+        + (f" | lag {lag:,}" if lag is not None else "")
+        + (f" | {'; '.join(extras)}" if extras else "")
+    )
+
+
 class ProgressPrinter(EpochListener):
-    def __init__(self, pipeline: str, out: IO[str]):
+    """Writes the progress lines to `out`; live (rich) when `out` is a terminal, unless `live`
+    says otherwise."""
+
+    def __init__(
+        self,
+        pipeline: str,
+        out: IO[str],
+        tracker: EpochTracker | None = None,
+        lag: LagMonitor | None = None,
+        live: bool | None = None,
+    ):
         self.pipeline = pipeline
         self.out = out
+        self.tracker = tracker
+        self.lag = lag
         self._lock = threading.Lock()
         self._reports: dict[int, EpochReport] = {}
-        self._started = time.monotonic()
+        self._last: str = ""
+        self._console = None
+        self._live = None
+        self._spinner = None
+        if live is None:
+            from rich.console import Console
 
+            console = Console(file=out)
+            live = console.is_terminal and not console.is_dumb_terminal
+        if live and tracker is not None:
+            from rich.console import Console
+            from rich.spinner import Spinner
+
+            self._console = Console(file=out, highlight=False, force_terminal=True)
+            self._spinner = Spinner("dots", style="cyan")
+
+    # -- output ----------------------------------------------------------------------------------
     def _print(self, line: str) -> None:
-        print(f"[{self.pipeline}] {line}", file=self.out, flush=True)
+        text = f"[{self.pipeline}] {line}"
+        if self._console is not None:
+            self._console.print(text, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(text, file=self.out, flush=True)
 
+    def _status(self) -> Any:
+        assert self._spinner is not None and self.tracker is not None
+        phase = self.tracker.phase().describe()
+        lag = self.lag.total() if self.lag is not None else None
+        parts = [f"[{self.pipeline}] {phase}"]
+        if lag is not None:
+            parts.append(f"lag {lag:,}")
+        if self._last:
+            parts.append(f"last: {self._last}")
+        from rich.text import Text
+
+        self._spinner.update(text=Text(" | ".join(parts)))  # Text: "[name]" is not markup
+        return self._spinner
+
+    def _ensure_live(self) -> None:
+        if self._console is None or self._live is not None:
+            return
+        from rich.live import Live
+
+        self._live = Live(
+            console=self._console, get_renderable=self._status, transient=True, refresh_per_second=4,
+            redirect_stdout=False, redirect_stderr=False,
+        )  # fmt: skip
+        self._live.start()
+
+    # -- events ----------------------------------------------------------------------------------
     def on_recovery(self, report: RecoveryReport) -> None:
         slots = ", ".join(f"{sink}/{slot}:{entry.epoch}" for (sink, slot), entry in sorted(report.ledger.items()))
         self._print(
             f"recovery ({report.reason}): fenced {report.fenced_ids} transactional ids in {_ms(report.fence_s)}; "
             f"ledger: {slots or 'empty'}"
         )
+
+    def on_epoch_start(self, epoch: int, attempt: int) -> None:
+        self._ensure_live()
 
     def on_epoch_aborted(self, epoch: int, attempt: int, reason: str, retrying: bool) -> None:
         then = "retrying after fencing" if retrying else "giving up"
@@ -54,51 +158,95 @@ class ProgressPrinter(EpochListener):
             self._line(report, progress)
 
     def flush(self) -> None:
+        """Print what is pending (epochs whose Spark progress never came) and stop the live line."""
         with self._lock:
             pending, self._reports = self._reports, {}
         for report in sorted(pending.values(), key=lambda r: r.epoch):
             self._line(report, None)
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
 
     def _line(self, report: EpochReport, progress: dict[str, Any] | None) -> None:
+        lag = consumed = None
+        if self.lag is not None:
+            if progress is not None:
+                consumed = sum(self.lag.on_progress(progress).values())
+            lag = self.lag.total()
+        line = epoch_line(report, progress, lag, consumed)
         out = sum(report.records_out.values())
-        records_in = progress.get("numInputRows") if progress else None
-        durations = (progress or {}).get("durationMs", {})
-        total_s = durations.get("triggerExecution", report.job_s * 1000) / 1000
-        rate = (records_in if records_in is not None else out) / total_s if total_s > 0 else 0.0
-        plan_ms = sum(durations.get(k, 0) for k in ("latestOffset", "walCommit", "queryPlanning", "getBatch"))
-        extras = []
-        if report.replay_skipped or report.skipped_slots:
-            extras.append(f"replay: {report.skipped_slots} slot(s) already committed, skipped")
-        if report.counted_only:
-            extras.append(f"poison skipped: {sum(report.counted_only.values())}")
-        if report.attempts > 1:
-            extras.append(f"attempts {report.attempts}")
-        self._print(
-            f"epoch {report.epoch} committed | in {records_in if records_in is not None else '?'} | out {out} | "
-            f"{rate:,.0f} rec/s | plan {plan_ms:.0f}ms read+process {_ms(report.read_process_s)} "
-            f"pre-commit {_ms(report.precommit_s)} agree {_ms(report.agreement_s)} "
-            f"(wait {_ms(report.vote_wait_s)}) commit {_ms(report.commit_s)}"
-            + (f" | {'; '.join(extras)}" if extras else "")
-        )
+        self._last = f"epoch {report.epoch}, {out:,} out"
+        self._print(line)
 
 
 class SparkProgressBridge(StreamingQueryListener):
-    """Forwards Spark's per-batch progress (a dict) to every listener with on_spark_progress."""
+    """Forwards Spark's per-batch progress (a dict) to every listener with on_spark_progress,
+    once per (run, batch)."""
 
     def __init__(self, listeners: list[EpochListener]):
         self.listeners = listeners
+        self._seen: set[tuple[str, int]] = set()
+        self._lock = threading.Condition()
+        self._delivering = 0  # deliveries in progress (Spark's listener bus thread)
+
+    def deliver(self, progress: dict[str, Any]) -> bool:
+        """Hand one progress to the listeners unless it was delivered before."""
+        key = (str(progress.get("runId")), int(progress.get("batchId", -1)))
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+            self._delivering += 1
+        try:
+            for listener in self.listeners:
+                handler = getattr(listener, "on_spark_progress", None)
+                if handler is None:
+                    continue
+                try:
+                    handler(progress)
+                except Exception:  # an observer must never break Spark's listener bus
+                    log.exception("%s.on_spark_progress failed", type(listener).__name__)
+        finally:
+            with self._lock:
+                self._delivering -= 1
+                self._lock.notify_all()
+        return True
+
+    def catch_up(self, query: Any, wait_s: float = 2.0) -> int:
+        """Deliver the progress of batches whose listener event has not arrived (yet): waits up
+        to wait_s for the bus first, then feeds them from query.recentProgress, then waits for
+        deliveries in progress to end. Returns how many it fed."""
+        deadline = time.monotonic() + wait_s
+        fed = 0
+        while True:
+            try:
+                recent = [json.loads(p.json) for p in query.recentProgress]
+            except Exception:
+                log.exception("cannot read the query's recent progress")
+                return fed
+            with self._lock:
+                missing = [p for p in recent if (str(p.get("runId")), int(p.get("batchId", -1))) not in self._seen]
+            if not missing or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        for progress in missing:
+            fed += self.deliver(progress)
+        # A delivery the bus started may still run: let it finish before the run closes the
+        # metrics server and the printer under it.
+        with self._lock:
+            self._lock.wait_for(lambda: self._delivering == 0, timeout=max(0.0, deadline - time.monotonic()) + 5)
+        return fed
 
     def onQueryStarted(self, event: Any) -> None:
         pass
 
     def onQueryProgress(self, event: Any) -> None:
-        import json
-
-        progress = json.loads(event.progress.json)
-        for listener in self.listeners:
-            handler = getattr(listener, "on_spark_progress", None)
-            if handler is not None:
-                handler(progress)
+        try:
+            progress = json.loads(event.progress.json)
+        except Exception:
+            log.exception("unreadable query progress")
+            return
+        self.deliver(progress)
 
     def onQueryIdle(self, event: Any) -> None:
         pass

@@ -8,6 +8,7 @@ fence every transactional id and read the ledger, before Spark replays anything.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -69,8 +70,11 @@ class _Tally(EpochListener):
             self.result.records_out[sink] = self.result.records_out.get(sink, 0) + n
 
 
-def _with_retries(what: str, bootstrap: str, call, attempts: int = 3, wait_s: float = 5.0):
-    """Bounded retries for reaching a cluster at start-up, then a clear message."""
+def _with_retries(what: str, bootstrap: str, call, attempts: int | None = None, wait_s: float | None = None):
+    """Bounded retries for reaching a cluster at start-up, then a clear message. Defaults: 3
+    attempts 5 s apart (EOS_STARTUP_ATTEMPTS, EOS_STARTUP_RETRY_WAIT_S change them)."""
+    attempts = max(1, attempts or int(os.environ.get("EOS_STARTUP_ATTEMPTS", "3")))
+    wait_s = wait_s if wait_s is not None else float(os.environ.get("EOS_STARTUP_RETRY_WAIT_S", "5"))
     for attempt in range(1, attempts + 1):
         try:
             return call()
@@ -162,7 +166,24 @@ def prepare_checkpoint(config: PipelineConfig, checkpoint: Checkpoint, paralleli
                 f"source {source.name}: topics changed from {meta.sources[source.name]['topics']} to "
                 f"{list(source.kafka.topics)}; use a new checkpoint location"
             )
+    _check_offset_log(checkpoint)
     return meta, False
+
+
+def _check_offset_log(checkpoint: Checkpoint) -> None:
+    """The epoch Spark will replay must be readable: refuse to start on a damaged offset log
+    with a message that says so, instead of failing inside Spark."""
+    last = checkpoint.last_logged_epoch()
+    if last is None:
+        return
+    path = checkpoint.root / "offsets" / str(last)
+    # Spark's streaming sources (each config source is two: see connectors.formats.split_poison),
+    # one JSON line each; logged_offsets raises CheckpointError on a line that does not parse.
+    if not checkpoint.logged_offsets(last):
+        raise CheckpointError(
+            f"Spark's offset log {path} is corrupt: it holds no source offsets; refusing to start (eos never "
+            "silently resets). Restore the checkpoint from a backup, or start on a new checkpoint location."
+        )
 
 
 def _coordinator(config: PipelineConfig, spark) -> Coordinator:
@@ -180,12 +201,14 @@ def run(path: str | Path, options: RunOptions | None = None) -> RunResult:
 
 
 def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOptions) -> RunResult:
+    from eos.metrics import start_telemetry
     from eos.progress import ProgressPrinter, SparkProgressBridge
     from eos.sparksession import build_spark
 
     checkpoint = Checkpoint(config.checkpoint_path(base_dir))
     checkpoint.lock()
     coordinator = None
+    telemetry = None
     result = RunResult(config.name)
     try:
         failpoints = from_specs(options.failpoints, str(checkpoint.meta_dir / "failpoints"))
@@ -210,9 +233,14 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
             checkpoint.write_meta(meta)
         exactly_once = config.epochs.mode == "exactly-once"
         coordinator = _coordinator(config, spark) if exactly_once else None
-        listeners: list[EpochListener] = [_Tally(result), *options.listeners]
-        printer = ProgressPrinter(config.name, sys.stderr) if options.progress else None
-        if printer is not None:
+        metrics_port = options.metrics_port if options.metrics_port is not None else config.metrics.port
+        telemetry = start_telemetry(
+            config, meta.slots, built.targets, checkpoint, meta, coordinator, metrics_port, lag=options.progress
+        )
+        listeners: list[EpochListener] = [_Tally(result), *telemetry.listeners, *options.listeners]
+        printer = None
+        if options.progress:
+            printer = ProgressPrinter(config.name, sys.stderr, telemetry.tracker, telemetry.lag)
             listeners.append(printer)
         committer = EpochCommitter(
             spark,
@@ -245,15 +273,20 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
             writer = writer.trigger(processingTime=f"{int(parse_duration(trigger) * 1000)} milliseconds")
         bridge = SparkProgressBridge(listeners)
         spark.streams.addListener(bridge)
+        query = None
         try:
             query = writer.start()
             result.stopped_by = _await(query, committer, config.epochs.timeout, options.install_signal_handlers)
         finally:
+            if query is not None:
+                bridge.catch_up(query)  # the bus is asynchronous: the last batch's progress may lag
             spark.streams.removeListener(bridge)
             if printer is not None:
                 printer.flush()
         return result
     finally:
+        if telemetry is not None:
+            telemetry.close()
         if coordinator is not None:
             coordinator.close()
         checkpoint.unlock()

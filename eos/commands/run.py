@@ -19,6 +19,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         trigger=args.trigger,
         failpoints=args.failpoint or [],
         progress=not args.quiet,
+        metrics_port=args.metrics_port,
     )
     result = run(args.pipeline, options)
     total = sum(result.records_out.values())
@@ -62,6 +63,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="arm a failpoint, e.g. sink.after_precommit=kill@epoch=2 (repeatable; see docs)",
     )
     run.add_argument("-q", "--quiet", action="store_true", help="no per-epoch progress lines")
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: any free port; default: metrics.port "
+        "of the pipeline file, else off)",
+    )
     run.set_defaults(func=cmd_run)
 
     validate = sub.add_parser("validate", help="check a pipeline file without running it")
