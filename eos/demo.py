@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -24,11 +25,13 @@ from typing import Any
 
 from connectors.kafka_clients import admin_client, create_topic, producer
 from eos.errors import EnvironmentProblem
-from eos.paths import eos_home, examples_dir
+from eos.paths import eos_home, examples_dir, schemas_dir
 
 INPUT_TOPIC = "ad-events"
 OUTPUT_TOPIC = "campaign-counts"
 PIPELINE_NAME = "ad-attribution"
+EVENT_SCHEMA = "ad_event.avsc"  # the input's values (Avro, as examples/ad_attribution.yaml reads them)
+OUTPUT_SCHEMA = "campaign_counts.avsc"  # the output's values
 BASE_TIME_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: fixed, so a seed gives the same events
 MINUTE_MS = 60_000
 
@@ -89,17 +92,31 @@ def generate_events(
     return events, truth
 
 
-def to_json_record(event: dict[str, Any]) -> bytes:
-    iso = datetime.fromtimestamp(event["event_time"] / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
-    return json.dumps({**event, "event_time": iso.replace("+00:00", "Z")}).encode()
+def avro_schema(name: str) -> Any:
+    """A parsed schema from schemas/, read here with fastavro directly: the demo's producer and its
+    check are independent of the pipeline's codec."""
+    import fastavro
+
+    return fastavro.parse_schema(json.loads((schemas_dir() / name).read_text()))
+
+
+def to_avro_record(event: dict[str, Any], schema: Any) -> bytes:
+    """One event as an Avro body (no registry header), event_time as timestamp-millis."""
+    import fastavro
+
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, schema, {**event, "event_time": datetime.fromtimestamp(
+        event["event_time"] / 1000, tz=timezone.utc)})  # fmt: skip
+    return out.getvalue()
 
 
 def write_events(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> None:
     out = producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
+    schema = avro_schema(EVENT_SCHEMA)
     for event in events:
         while True:
             try:
-                out.produce(topic, to_json_record(event), event["campaign_id"].encode())
+                out.produce(topic, to_avro_record(event, schema), event["campaign_id"].encode())
                 break
             except BufferError:
                 out.poll(0.1)
@@ -127,8 +144,10 @@ class DemoCheck:
         return not (self.duplicated_windows or self.missing_windows or self.unexpected_windows or self.wrong_counts)
 
 
-def _iso_ms(text: str) -> int:
-    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+def from_avro_record(value: bytes, schema: Any) -> dict[str, Any]:
+    import fastavro
+
+    return fastavro.schemaless_reader(io.BytesIO(value), schema)
 
 
 def check_output(bootstrap: str, topic: str, truth: DemoTruth) -> DemoCheck:
@@ -138,9 +157,10 @@ def check_output(bootstrap: str, topic: str, truth: DemoTruth) -> DemoCheck:
     everything = read_topic(bootstrap, topic, read_committed=False)
     seen: dict[tuple[str, int], tuple[int, int]] = {}
     duplicated: list[tuple[str, int]] = []
+    schema = avro_schema(OUTPUT_SCHEMA)
     for record in committed:
-        row = json.loads(record.value)
-        key = (row["campaign_id"], _iso_ms(row["window_start"]))
+        row = from_avro_record(record.value, schema)  # window_start: timestamp-millis -> datetime (UTC)
+        key = (row["campaign_id"], int(row["window_start"].timestamp() * 1000))
         if key in seen:
             duplicated.append(key)
         seen[key] = (row["impressions"], row["clicks"])
@@ -202,6 +222,8 @@ def run_demo(
     master: str | None = None,
     events: int = 40_000,
     seed: int = 7,
+    metrics_port: int | None = None,
+    keep_running: bool = False,
 ) -> int:
     from eos.config import load_pipeline
     from eos.runner import RunOptions, run_config
@@ -231,9 +253,48 @@ def run_demo(
 
     _say(f"Running {pipeline_file.name} until it has consumed everything (Spark {master or 'local[*]'}) ...")
     started = time.monotonic()
-    result = run_config(config, pipeline_file.parent, RunOptions(master=master, trigger="available-now"))
+    options = RunOptions(master=master, trigger="available-now", metrics_port=metrics_port)
+    result = run_config(config, pipeline_file.parent, options)
     _say(f"Pipeline done: {result.epochs_committed} epochs in {time.monotonic() - started:.1f} s.")
 
     check = check_output(bootstrap, OUTPUT_TOPIC, truth)
     print_check(check, truth)
+    if keep_running:
+        keep_generating_and_running(bootstrap, config, pipeline_file.parent, master, metrics_port, seed)
     return 0 if check.ok else 1
+
+
+def keep_generating_and_running(
+    bootstrap: str, config, base_dir: Path, master: str | None, metrics_port: int | None, seed: int, rate: int = 200
+) -> None:
+    """Live mode (the compose cluster's dashboards): new events at `rate` a second with the
+    current time, and the pipeline on its own trigger, until SIGTERM or Ctrl-C."""
+    import threading
+
+    from eos.runner import RunOptions, run_config
+
+    stop = threading.Event()
+
+    def generate() -> None:
+        rng = random.Random(seed + 1)
+        n = 0
+        while not stop.wait(1.0):
+            now = int(time.time() * 1000)
+            batch = []
+            for _ in range(rate):
+                n += 1
+                event = {"event_id": f"live-{seed}-{n}", "event_type": "click" if rng.random() < 0.12 else "impression",
+                         "campaign_id": f"campaign-{rng.randrange(8):02d}", "user_id": f"user-{rng.randrange(5000)}",
+                         "event_time": now - rng.randrange(0, 20_000)}  # fmt: skip
+                batch.append(event)
+                if rng.random() < 0.08:
+                    batch.append(dict(event))  # a duplicate the pipeline must drop
+            write_events(bootstrap, INPUT_TOPIC, batch)
+
+    _say(f"Live mode: {rate} events/s into {INPUT_TOPIC}; the pipeline runs until SIGTERM or Ctrl-C.")
+    generator = threading.Thread(target=generate, name="eos-demo-generator", daemon=True)
+    generator.start()
+    try:
+        run_config(config, base_dir, RunOptions(master=master, metrics_port=metrics_port))
+    finally:
+        stop.set()

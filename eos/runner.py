@@ -201,10 +201,12 @@ def run(path: str | Path, options: RunOptions | None = None) -> RunResult:
 
 
 def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOptions) -> RunResult:
+    from connectors.formats import check_formats
     from eos.metrics import start_telemetry
     from eos.progress import ProgressPrinter, SparkProgressBridge
     from eos.sparksession import build_spark
 
+    check_formats(config, base_dir)  # a missing or invalid schema file fails before Spark or Kafka
     checkpoint = Checkpoint(config.checkpoint_path(base_dir))
     checkpoint.lock()
     coordinator = None
@@ -277,6 +279,7 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
         try:
             query = writer.start()
             result.stopped_by = _await(query, committer, config.epochs.timeout, options.install_signal_handlers)
+            publish_committed_offsets(config, checkpoint)
         finally:
             if query is not None:
                 bridge.catch_up(query)  # the bus is asynchronous: the last batch's progress may lag
@@ -290,6 +293,41 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
         if coordinator is not None:
             coordinator.close()
         checkpoint.unlock()
+
+
+def publish_committed_offsets(config: PipelineConfig, checkpoint: Checkpoint) -> None:
+    """Commit each source's consumer group to the end of the last committed epoch. Spark commits
+    sources one epoch late (when the next epoch starts), so without this the group would show an
+    epoch of phantom lag after a stop. For monitoring only: recovery never reads these offsets."""
+    from confluent_kafka import TopicPartition
+
+    from connectors.kafka_clients import consumer
+
+    last = checkpoint.last_committed_epoch()
+    if last is None:
+        return
+    try:
+        logged = [planning.decode(line) for line in checkpoint.logged_offsets(last)]
+    except CheckpointError:
+        return
+    for source in config.sources:
+        topics = set(source.kafka.topics)
+        # A source may be planned as several Spark sources (branches); all of them have read at
+        # least the smallest end they logged.
+        ends: dict[tuple[str, int], int] = {}
+        for offsets in logged:
+            if offsets and {t for t, _ in offsets} <= topics:
+                for tp, offset in offsets.items():
+                    ends[tp] = min(offset, ends.get(tp, offset))
+        if not ends:
+            continue
+        group = consumer(client_config(source.kafka), **{"group.id": f"{config.consumer_group}.{source.name}"})
+        try:
+            group.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in ends.items()], asynchronous=False)
+        except Exception as exc:  # monitoring only
+            log.warning("source %s: could not publish committed offsets: %s", source.name, exc)
+        finally:
+            group.close()
 
 
 def _pending_replay(checkpoint: Checkpoint) -> str | None:

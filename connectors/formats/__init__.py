@@ -11,15 +11,18 @@ Formats: raw (bytes as they are), string (UTF-8), json (schema from an .avsc fil
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from connectors.formats.avro_schema import load_avsc, record_fields_ddl, spark_type
+from eos.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-    from eos.config import FormatConfig, SinkConfig, SourceConfig
+    from eos.config import FormatConfig, PipelineConfig, SinkConfig, SourceConfig
 
 ERROR = "_eos_error"
 RAW_KEY = "_eos_raw_key"
@@ -30,7 +33,37 @@ SINK_HEADERS_TYPE = "array<struct<key: string, value: binary>>"
 METADATA = ["topic", "partition", "offset", "timestamp", "headers"]
 
 
-def _decode_column(column: Column, fmt: FormatConfig, which: str, base_dir: Path | None) -> tuple[Column, Column]:
+@contextlib.contextmanager
+def _context(where: str) -> Iterator[None]:
+    """Say which source or sink (and key or value) a configuration error is about."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc.message}", exc.hint) from None
+
+
+def check_formats(config: PipelineConfig, base_dir: Path | None = None) -> None:
+    """Load and check every schema file the pipeline names, before anything starts (registries
+    are asked later, when the plan is built)."""
+    from connectors.formats.avro_schema import record_fields_ddl
+
+    formats = [(f"source {s.name}", s.key_format, s.value_format) for s in config.sources]
+    formats += [(f"sink {s.name}", s.key_format, s.value_format) for s in config.sinks]
+    for owner, *pair in formats:
+        for which, fmt in zip(("key_format", "value_format"), pair, strict=True):
+            with _context(f"{owner}: {which}"):
+                for name in (fmt.schema_file, fmt.reader_schema):
+                    if name:
+                        schema = load_avsc(name, base_dir)
+                        if fmt.type == "json":
+                            record_fields_ddl(schema)
+                        else:
+                            spark_type(schema)
+
+
+def _decode_column(
+    column: Column, fmt: FormatConfig, which: str, base_dir: Path | None, topics: list[str] | None = None
+) -> tuple[Column, Column]:
     """(decoded column, error message column or null)."""
     from pyspark.sql import functions as F
 
@@ -50,7 +83,7 @@ def _decode_column(column: Column, fmt: FormatConfig, which: str, base_dir: Path
     if fmt.type == "avro":
         from connectors.formats import avro
 
-        return avro.decode_column(column, fmt, which, base_dir)
+        return avro.decode_column(column, fmt, which, base_dir, topics)
     raise ValueError(f"unknown format {fmt.type}")
 
 
@@ -58,8 +91,11 @@ def decode_source(raw: DataFrame, source: SourceConfig, base_dir: Path | None = 
     """Raw Kafka columns -> key, value (decoded), metadata, _eos_error, raw key and value."""
     from pyspark.sql import functions as F
 
-    key, key_error = _decode_column(F.col("key"), source.key_format, "key", base_dir)
-    value, value_error = _decode_column(F.col("value"), source.value_format, "value", base_dir)
+    topics = list(source.kafka.topics)
+    with _context(f"source {source.name}: key_format"):
+        key, key_error = _decode_column(F.col("key"), source.key_format, "key", base_dir, topics)
+    with _context(f"source {source.name}: value_format"):
+        value, value_error = _decode_column(F.col("value"), source.value_format, "value", base_dir, topics)
     return raw.select(
         key.alias("key"),
         value.alias("value"),
@@ -70,12 +106,23 @@ def decode_source(raw: DataFrame, source: SourceConfig, base_dir: Path | None = 
     )
 
 
-def split_poison(decoded: DataFrame, source: SourceConfig, pipeline: str) -> tuple[DataFrame, DataFrame | None]:
-    """(good records as the source's view, poison records as sink rows or None) by on_error."""
+def split_poison(decoded: DataFrame, source: SourceConfig, pipeline: str) -> tuple[DataFrame, DataFrame]:
+    """(good records as the source's view, poison records as sink rows) by on_error.
+
+    Whatever the policy, the plan has the same two branches over the source (Spark plans each as
+    a streaming source of its own, with its own line in the offset log): so the checkpoint has
+    the same shape under every policy, and after a `fail` stop the operator can switch the source
+    to `skip` or `dlq` and restart on the same checkpoint; the failed epoch is replayed with its
+    logged offsets. (With one branch under `fail`, Spark refuses that restart: "There are [1]
+    sources in the checkpoint offsets and now there are [2]".) Each branch sees every record of
+    its stream once and the two filters are complementary, so every record ends up exactly once
+    in the view or in the poison rows."""
     from pyspark.sql import functions as F
 
     error = F.col(ERROR)
     view_columns = ["key", "value", *METADATA]
+    good = decoded.filter(error.isNull()).select(*view_columns)
+    bad = decoded.filter(error.isNotNull())
     if source.on_error == "fail":
         where = F.concat(
             F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit(" offset "),
@@ -86,10 +133,15 @@ def split_poison(decoded: DataFrame, source: SourceConfig, pipeline: str) -> tup
             F.lit(": "), error,
             F.lit(" (on_error: fail; use on_error: skip or dlq to route such records instead)"),
         )  # fmt: skip
-        checked = decoded.filter(F.when(error.isNotNull(), F.raise_error(message)).otherwise(F.lit(True)))
-        return checked.select(*view_columns), None
-    good = decoded.filter(error.isNull()).select(*view_columns)
-    bad = decoded.filter(error.isNotNull())
+        # Evaluating a poison row fails its task before the sink stage starts: nothing of the
+        # epoch is written, and the epoch fails permanently with this message.
+        rows = bad.select(
+            F.lit(poison_sink_name(source)).alias("sink"),
+            F.lit(None).cast("binary").alias("key"),
+            F.raise_error(message).cast("binary").alias("value"),
+            F.array().cast(SINK_HEADERS_TYPE).alias("headers"),
+        )
+        return good, rows
     provenance = F.array(
         F.struct(F.lit("eos.error").alias("key"), error.cast("binary").alias("value")),
         F.struct(F.lit("eos.pipeline").alias("key"), F.lit(pipeline).cast("binary").alias("value")),
@@ -124,7 +176,9 @@ def poison_sink_name(source: SourceConfig) -> str:
     return f"{source.name}.{'dlq' if source.on_error == 'dlq' else 'skipped'}"
 
 
-def _encode_column(column: Column, fmt: FormatConfig, which: str, base_dir: Path | None) -> Column:
+def _encode_column(
+    column: Column, fmt: FormatConfig, which: str, base_dir: Path | None, view: DataFrame, sink: SinkConfig
+) -> Column:
     from pyspark.sql import functions as F
 
     if fmt.type == "raw":
@@ -136,7 +190,9 @@ def _encode_column(column: Column, fmt: FormatConfig, which: str, base_dir: Path
     if fmt.type == "avro":
         from connectors.formats import avro
 
-        return avro.encode_column(column, fmt, which, base_dir)
+        codec = avro.encode_codec(fmt, which, base_dir, sink.kafka.topic)
+        data_type = view.select(column).schema.fields[0].dataType
+        return avro.encode_with(codec, avro.fit_to_schema(column, data_type, codec, which))
     raise ValueError(f"unknown format {fmt.type}")
 
 
@@ -152,14 +208,22 @@ def encode_sink(view: DataFrame, sink: SinkConfig, base_dir: Path | None = None)
         value = F.col("value")
     else:
         raise ValueError(f"sink {sink.name}: say which column is the value (value: ...)")
-    key = _encode_column(F.expr(sink.key), sink.key_format, "key", base_dir) if sink.key else F.lit(None)
+    with _context(f"sink {sink.name}: key_format"):
+        key = F.lit(None)
+        if sink.key:
+            key = _encode_column(F.expr(sink.key), sink.key_format, "key", base_dir, view, sink)
+    with _context(f"sink {sink.name}: value_format"):
+        value = _encode_column(value, sink.value_format, "value", base_dir, view, sink)
     headers = F.expr(sink.headers) if sink.headers else F.array()
     return view.select(
         F.lit(sink.name).alias("sink"),
         key.cast("binary").alias("key"),
-        _encode_column(value, sink.value_format, "value", base_dir).alias("value"),
+        value.alias("value"),
         headers.cast(SINK_HEADERS_TYPE).alias("headers"),
     )
 
 
-__all__ = ["decode_source", "encode_sink", "load_avsc", "poison_sink_name", "source_view", "spark_type", "split_poison"]
+__all__ = [
+    "check_formats", "decode_source", "encode_sink", "load_avsc", "poison_sink_name", "source_view", "spark_type",
+    "split_poison",
+]  # fmt: skip

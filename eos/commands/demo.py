@@ -14,7 +14,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from eos.demo import run_demo
 
     return run_demo(
-        port=args.port, external_kafka=args.external_kafka, master=args.master, events=args.events, seed=args.seed
+        port=args.port,
+        external_kafka=args.external_kafka,
+        master=args.master,
+        events=args.events,
+        seed=args.seed,
+        metrics_port=args.metrics_port,
+        keep_running=args.keep_running,
     )
 
 
@@ -31,4 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--master", help="Spark master (default local[*])")
     demo.add_argument("--events", type=int, default=40_000, help="distinct ad events to generate (40000)")
     demo.add_argument("--seed", type=int, default=7, help="generator seed (7)")
+    demo.add_argument("--metrics-port", type=int, help="serve Prometheus metrics from the driver on this port")
+    demo.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="after the check, keep generating events and running the pipeline until SIGTERM (for dashboards)",
+    )
     demo.set_defaults(func=cmd_demo)
