@@ -131,6 +131,10 @@ class Failpoints:
             raise FailpointError(f"failpoint {where}")
         elif point.action == "kill":
             print(f"eos failpoint: kill -9 at {where}", flush=True)
+            if self.driver_pgid and os.getpgid(0) != self.driver_pgid:
+                # In a Python worker our stdout reaches the user through the Spark JVM: give it a
+                # moment to forward the line before the kill takes the JVM down.
+                time.sleep(0.5)
             # The driver's group holds the driver and the Spark JVM; PySpark's worker daemon
             # puts itself and the Python workers in a group of their own.
             # The driver first: killing our own group first would kill us before we got to it.

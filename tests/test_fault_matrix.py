@@ -79,5 +79,7 @@ def test_negative_control_at_least_once_duplicates_are_caught(point, bootstrap, 
     if point in AFTER_WRITE:
         assert not report["ok"] and report["duplicated"] > 0, report
         assert report["examples"]["duplicated"], report
-    else:  # crashed before anything was written: nothing to duplicate
+    elif point == "epoch.after_offsets_logged":  # crashed before anything was written
         assert report["ok"], report
+    else:  # mid-produce: some records may already have been delivered, and then they are caught
+        assert report["ok"] == (report["duplicated"] == 0), report

@@ -85,3 +85,24 @@ def test_rescale_is_refused_while_an_epoch_is_pending_and_then_changes_the_slots
     finished = eos_subprocess("run", str(write_pipeline(tmp_path, config)))
     assert finished.returncode == 0, finished.output[-3000:]
     assert_exactly_once(sent, committed_values(bootstrap, sink))
+
+
+def test_a_deleted_checkpoint_is_refused_and_reset_starts_over(bootstrap, new_topic, unique_name, tmp_path):
+    import shutil
+
+    source, sink = new_topic(partitions=2), new_topic()
+    sent = produce_numbered(bootstrap, source, 0, 300)
+    path = write_pipeline(tmp_path, passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck"))
+    assert eos_subprocess("run", str(path)).returncode == 0
+
+    shutil.rmtree(tmp_path / "ck")  # the checkpoint is lost; the ledger remembers the commits
+    refused = eos_subprocess("run", str(path))
+    assert refused.returncode != 0
+    assert "from another checkpoint" in refused.output and "eos reset" in refused.output
+    assert_exactly_once(sent, committed_values(bootstrap, sink))  # nothing was written again
+
+    unconfirmed = eos_subprocess("reset", str(path))
+    assert unconfirmed.returncode != 0 and "--yes" in unconfirmed.output
+    assert eos_subprocess("reset", str(path), "--yes").returncode == 0
+    assert eos_subprocess("run", str(path)).returncode == 0
+    assert_exactly_once(sent + sent, committed_values(bootstrap, sink))  # started over, as asked

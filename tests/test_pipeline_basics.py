@@ -26,3 +26,23 @@ def test_passthrough_copies_every_record_once(spark, bootstrap, new_topic, uniqu
     more = produce_numbered(bootstrap, source, 1200, 300)
     run_in_process(spark, write_pipeline(tmp_path, config))
     assert_exactly_once([v.upper() for v in sent + more], committed_values(bootstrap, sink))
+
+
+def test_consumer_group_shows_no_phantom_lag_after_a_run(spark, bootstrap, new_topic, unique_name, tmp_path):
+    """Offsets go to the group `eos-<pipeline>.<source>` for lag monitoring; after the run they
+    are at the end of the last committed epoch, not one epoch behind."""
+    from confluent_kafka import TopicPartition
+
+    from connectors.kafka_clients import admin_client, consumer, end_offsets
+
+    source, sink = new_topic(partitions=2), new_topic()
+    produce_numbered(bootstrap, source, 0, 700)
+    name = unique_name("p")
+    run_in_process(
+        spark, write_pipeline(tmp_path, passthrough_pipeline(name, bootstrap, source, sink, tmp_path / "ck"))
+    )
+    group = consumer({"bootstrap.servers": bootstrap}, **{"group.id": f"eos-{name}.events"})
+    committed = group.committed([TopicPartition(source, p) for p in (0, 1)], timeout=10)
+    group.close()
+    ends = end_offsets(admin_client({"bootstrap.servers": bootstrap}), {source: [0, 1]})
+    assert {(tp.topic, tp.partition): tp.offset for tp in committed} == ends
