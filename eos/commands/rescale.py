@@ -44,8 +44,10 @@ def cmd_rescale(args: argparse.Namespace) -> int:
         print(f"fenced {fenced} transactional ids of {config.name}", file=sys.stderr)
         old, meta.slots = meta.slots, args.slots
         checkpoint.write_meta(meta)
-        print(f"{config.name}: {old} -> {args.slots} sink slots (from the next epoch on); set epochs.slots: "
-              f"{args.slots} in {args.pipeline} to match")
+        print(
+            f"{config.name}: {old} -> {args.slots} sink slots (from the next epoch on); set epochs.slots: "
+            f"{args.slots} in {args.pipeline} to match"
+        )
         return 0
     finally:
         checkpoint.unlock()
