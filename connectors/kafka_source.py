@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -67,6 +69,13 @@ class SourceOptions:
     on_out_of_range: str = "fail"
     group_id: str | None = None  # consumer group for lag monitoring
     broker_wait_s: float = 120.0  # how long planning retries an unreachable broker before failing
+    # A config source is read by two Spark sources (the view's rows and the poison rows). The
+    # leader records its latest planned end under plan_dir; the follower plans as usual but is
+    # capped, partition by partition, at that end: it never gets ahead of the leader.
+    plan_dir: str = ""
+    run_id: str = ""
+    follower: bool = False
+    reads: bool = True  # False: plan and log offsets, read nothing (the poison branch under `fail`)
     failpoints: list[str] = field(default_factory=list)  # armed specs (tests and soak runs)
     failpoint_state: str = ""
     driver_pgid: int = 0
@@ -250,6 +259,20 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_target = self._latest()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        if not self.options.plan_dir:
+            return self._plan(start, limit)
+        plans = PlanBook(Path(self.options.plan_dir), self.options.run_id)
+        if not self.options.follower:
+            end = self._plan(start, limit)
+            plans.write(end)
+            return end
+        leader = plans.read()
+        if leader is None:  # the leader has not planned in this run yet
+            return start
+        own = planning.decode(self._plan(start, limit))
+        return planning.encode(planning.follow(planning.decode(start), own, planning.decode(leader)))
+
+    def _plan(self, start: dict, limit: ReadLimit) -> dict:
         begin = planning.decode(start)
         latest = self._available_now_target if self._available_now_target is not None else self._latest()
         if self._available_now_target is None:
@@ -271,6 +294,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return planning.encode(ends)
 
     def partitions(self, start: dict, end: dict) -> list[KafkaRange]:
+        if not self.options.reads:
+            return []
         ranges = planning.split_ranges(planning.decode(start), planning.decode(end), self.options.max_records_per_task)
         return [KafkaRange(r.topic, r.partition, r.start, r.end) for r in ranges]
 
@@ -279,7 +304,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         """Spark marked the epoch ending at `end` committed: publish progress for lag monitoring."""
-        if not self.options.group_id:
+        if not self.options.group_id or not self.options.reads:
             return
         from confluent_kafka import TopicPartition
 
@@ -297,6 +322,28 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._group_consumer is not None:
             self._group_consumer.close()
             self._group_consumer = None
+
+
+class PlanBook:
+    """The leader's latest planned end offsets in this run (one small file per run)."""
+
+    def __init__(self, folder: Path, run_id: str):
+        self.folder, self.path = folder, folder / f"{run_id}.json"
+
+    def write(self, end: dict) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        staging = self.folder / f".{os.getpid()}.tmp"
+        staging.write_text(json.dumps(end, sort_keys=True))
+        os.replace(staging, self.path)
+        runs = sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+        for old in runs[:-8]:  # earlier runs' files are never read again
+            old.unlink(missing_ok=True)
+
+    def read(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
 
 
 class KafkaSource(DataSource):

@@ -67,6 +67,15 @@ def plan_ends(
     return ends
 
 
+def follow(
+    begin: Mapping[TopicPartition, int], own: Mapping[TopicPartition, int], leader: Mapping[TopicPartition, int]
+) -> Offsets:
+    """A follower branch's end offsets: its own plan, capped partition by partition at the
+    leader's planned end, and never before its own start. A follower that lags (after a restart)
+    catches up; it never gets ahead."""
+    return {tp: max(begin.get(tp, 0), min(end, leader.get(tp, begin.get(tp, 0)))) for tp, end in own.items()}
+
+
 @dataclass(frozen=True)
 class OffsetRange:
     topic: str

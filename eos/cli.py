@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import pkgutil
 import sys
 
@@ -36,7 +37,9 @@ def configure_logging(verbose: bool) -> None:
     )
     # librdkafka's warnings are mostly expected retries; its errors are shown.
     logging.getLogger("eos.kafka").setLevel(logging.INFO if verbose else logging.ERROR)
-    logging.getLogger("py4j").setLevel(logging.WARNING if verbose else logging.ERROR)
+    logging.getLogger("py4j").setLevel(logging.WARNING if verbose else logging.CRITICAL)
+    if verbose:
+        os.environ.setdefault("EOS_SPARK_LOG", "verbose")
 
 
 def main(argv: list[str] | None = None) -> int:

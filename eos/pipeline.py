@@ -8,7 +8,8 @@ query, one checkpoint, and every sink's output of an epoch is committed together
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, replace
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,9 @@ from connectors.formats import decode_source, encode_sink, poison_sink_name, sou
 from connectors.kafka_clients import only_connection_settings
 from connectors.kafka_sink import SinkTarget
 from connectors.kafka_source import FORMAT_NAME, KafkaSource, SourceOptions
-from eos.checkpoint import CheckpointMeta
+from eos.checkpoint import Checkpoint, CheckpointMeta
 from eos.config import KafkaSinkConfig, KafkaSourceConfig, PipelineConfig
-from eos.errors import ConfigError
+from eos.errors import ConfigError, EosError
 from eos.failpoints import DISARMED, Failpoints
 
 
@@ -77,6 +78,8 @@ def build(
     failpoints: Failpoints = DISARMED,
 ) -> BuiltPipeline:
     spark.dataSource.register(KafkaSource)
+    plans = Checkpoint(config.checkpoint_path(base_dir)).meta_dir / "plans"
+    run_id = uuid.uuid4().hex[:12]
     rows = []
     for source in config.sources:
         kafka = source.kafka
@@ -90,12 +93,27 @@ def build(
             read_committed=kafka.isolation == "read_committed",
             on_out_of_range=kafka.on_out_of_range,
             group_id=f"{config.consumer_group}.{source.name}",
+            plan_dir=str(plans / source.name),
+            run_id=run_id,
             failpoints=[p.spec() for p in failpoints.points if p.name == "source.read"],
             failpoint_state=failpoints.state_dir,
             driver_pgid=failpoints.driver_pgid,
         )
-        raw = spark.readStream.format(FORMAT_NAME).option("eos.source", options.to_json()).load()
-        good, poison = split_poison(decode_source(raw, source, base_dir), source, config.name)
+        # Two Spark sources per config source, whatever on_error says (see split_poison): the rows
+        # of the view, and the poison rows (which read nothing under `fail`).
+        view_branch, poison_branch = (
+            spark.readStream.format(FORMAT_NAME).option("eos.source", branch.to_json()).load()
+            for branch in (
+                options,
+                replace(options, follower=True, reads=source.on_error != "fail", group_id=None),
+            )
+        )
+        good, poison = split_poison(
+            decode_source(view_branch, source, base_dir),
+            decode_source(poison_branch, source, base_dir),
+            source,
+            config.name,
+        )
         view = source_view(good, source)
         if source.watermark is not None:
             if source.watermark.column not in view.columns:
@@ -114,7 +132,7 @@ def build(
                 result = spark.sql(transform.sql)
             else:
                 result = load_function(transform.python)(spark.table(transform.input or previous), **transform.args)
-        except ConfigError:
+        except EosError:
             raise
         except Exception as exc:
             raise ConfigError(f"transform {transform.name!r}: {str(exc).splitlines()[0]}") from exc
@@ -125,7 +143,7 @@ def build(
     for sink in config.sinks:
         try:
             rows.append(encode_sink(spark.table(config.sink_input(sink)), sink, base_dir))
-        except ConfigError:
+        except EosError:
             raise
         except Exception as exc:
             raise ConfigError(f"sink {sink.name!r}: {str(exc).splitlines()[0]}") from exc

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -94,7 +95,9 @@ def user_message(exc: BaseException) -> str | None:
     for marker in (POISON_MARKER, "SourceError: ", "SlotAborted: ", "FailpointError: "):
         for line in text.splitlines():
             if marker in line:
-                return line.strip().split(marker, 1)[-1].strip() if marker.endswith(": ") else line.strip()
+                # Spark wraps it: "[USER_RAISED_EXCEPTION] eos poison record: ... SQLSTATE: P0001".
+                found = line[line.index(marker) :] if not marker.endswith(": ") else line.split(marker, 1)[1]
+                return re.sub(r"\s*SQLSTATE: \w+\s*$", "", found).strip()
     return None
 
 

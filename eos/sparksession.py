@@ -33,8 +33,11 @@ def default_conf(master: str, checkpoint: str | None = None) -> dict[str, str]:
         "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
         "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "5",
         "spark.sql.session.timeZone": "UTC",
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={ops_dir() / 'spark' / 'log4j2.properties'}",
     }
+    if os.environ.get("EOS_SPARK_LOG") != "verbose":
+        conf["spark.driver.extraJavaOptions"] = (
+            f"-Dlog4j2.configurationFile={ops_dir() / 'spark' / 'log4j2.properties'}"
+        )
     if checkpoint is None or is_local_path(checkpoint):
         conf["spark.sql.streaming.checkpointFileManagerClass"] = LOCAL_CHECKPOINT_FILE_MANAGER
     return conf
@@ -47,15 +50,17 @@ def build_spark(
     checkpoint: str | None = None,
 ):
     """A SparkSession: local[*] unless a master is given (or spark-submit already chose one)."""
-    if "PYSPARK_PYTHON" not in os.environ:
-        # Python workers must run this interpreter (with eos and its dependencies installed),
-        # not whichever `python3` is first on PATH.
+    under_spark_submit = bool(os.environ.get("PYSPARK_GATEWAY_PORT"))
+    if "PYSPARK_PYTHON" not in os.environ and not under_spark_submit and (master or "local").startswith("local"):
+        # Local Python workers must run this interpreter (with eos and its dependencies
+        # installed), not whichever `python3` is first on PATH. On a cluster the executors'
+        # interpreter is the deployment's business (spark.pyspark.python, an --archives venv).
         os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
     from pyspark.sql import SparkSession
 
     settings = default_conf(master or "local[*]", checkpoint)
-    if master is None and os.environ.get("PYSPARK_GATEWAY_PORT"):
+    if master is None and under_spark_submit:
         # Under spark-submit the JVM already runs with the master the user chose.
         settings.pop("spark.master")
     settings.update(conf or {})

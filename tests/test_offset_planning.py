@@ -57,3 +57,27 @@ def test_offsets_round_trip_in_sparks_json_form():
     offsets = {("b", 1): 7, ("a", 0): 3, ("a", 10): 9}
     assert encode(offsets) == {"a": {"0": 3, "10": 9}, "b": {"1": 7}}
     assert decode(encode(offsets)) == offsets
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_follower_never_gets_ahead_of_its_leader_and_catches_up(seed):
+    """Two branches of one source plan epoch after epoch while data keeps arriving; the follower
+    may start behind (a restart) but never passes the leader, and reaches it once input stops."""
+    from connectors.offsets import follow
+
+    rng = random.Random(seed)
+    parts = [("t", p) for p in range(rng.randrange(1, 5))]
+    latest = {tp: rng.randrange(0, 500) for tp in parts}
+    leader = {tp: rng.randrange(0, latest[tp] + 1) for tp in parts}
+    follower = {tp: rng.randrange(0, leader[tp] + 1) for tp in parts}
+    budget = rng.randrange(1, 300)
+    for step in range(5000):  # input arrives for 30 steps, then stops
+        if step < 30:
+            latest = {tp: n + rng.randrange(0, 50) for tp, n in latest.items()}
+        elif follower == leader == latest:
+            break
+        leader = plan_ends(leader, latest, budget)
+        nxt = follow(follower, plan_ends(follower, latest, budget), leader)
+        assert all(follower[tp] <= nxt[tp] <= leader[tp] for tp in parts)
+        follower = nxt
+    assert follower == leader == latest

@@ -46,3 +46,26 @@ def test_consumer_group_shows_no_phantom_lag_after_a_run(spark, bootstrap, new_t
     group.close()
     ends = end_offsets(admin_client({"bootstrap.servers": bootstrap}), {source: [0, 1]})
     assert {(tp.topic, tp.partition): tp.offset for tp in committed} == ends
+
+
+def test_under_on_error_fail_each_record_is_read_once(spark, bootstrap, new_topic, unique_name, tmp_path):
+    """A config source is two Spark sources (view rows, poison rows) so that a `fail` source can be
+    switched to `dlq` on the same checkpoint; under `fail` the poison branch reads nothing."""
+    from eos.protocol import EpochListener
+
+    class Rows(EpochListener):
+        def __init__(self) -> None:
+            self.per_source: list[list[int]] = []
+
+        def on_spark_progress(self, progress):
+            self.per_source.append([s["numInputRows"] for s in progress["sources"]])
+
+    source, sink = new_topic(partitions=2), new_topic()
+    sent = produce_numbered(bootstrap, source, 0, 900)
+    rows = Rows()
+    config = passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck")
+    run_in_process(spark, write_pipeline(tmp_path, config), listeners=[rows])
+    assert_exactly_once(sent, committed_values(bootstrap, sink))
+    assert all(len(r) == 2 for r in rows.per_source), rows.per_source
+    totals = sorted(sum(r[i] for r in rows.per_source) for i in (0, 1))
+    assert totals == [0, 900]  # one branch read every record once, the other nothing

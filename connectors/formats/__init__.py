@@ -106,23 +106,28 @@ def decode_source(raw: DataFrame, source: SourceConfig, base_dir: Path | None = 
     )
 
 
-def split_poison(decoded: DataFrame, source: SourceConfig, pipeline: str) -> tuple[DataFrame, DataFrame]:
+def split_poison(
+    view_branch: DataFrame, poison_branch: DataFrame, source: SourceConfig, pipeline: str
+) -> tuple[DataFrame, DataFrame]:
     """(good records as the source's view, poison records as sink rows) by on_error.
 
-    Whatever the policy, the plan has the same two branches over the source (Spark plans each as
-    a streaming source of its own, with its own line in the offset log): so the checkpoint has
-    the same shape under every policy, and after a `fail` stop the operator can switch the source
-    to `skip` or `dlq` and restart on the same checkpoint; the failed epoch is replayed with its
-    logged offsets. (With one branch under `fail`, Spark refuses that restart: "There are [1]
-    sources in the checkpoint offsets and now there are [2]".) Each branch sees every record of
-    its stream once and the two filters are complementary, so every record ends up exactly once
-    in the view or in the poison rows."""
+    Both arguments are the same source, decoded, planned as two Spark sources (two lines in the
+    offset log) whatever the policy, so the checkpoint has the same shape under every policy:
+    after a `fail` stop the operator can switch the source to `skip` or `dlq` and restart on the
+    same checkpoint, and the failed epoch is replayed with its logged offsets. (With one source
+    under `fail`, Spark refuses that restart: "There are [1] sources in the checkpoint offsets and
+    now there are [2]".) The poison branch is capped at the view branch's planned offsets
+    (connectors.kafka_source PlanBook): it never gets ahead of the view, so under `fail` nothing it
+    skips was left unchecked; and each branch reads every offset once, with complementary
+    filters, so every record ends up once in the view or in the poison rows.
+
+    Under `fail` the view branch itself stops the epoch on a poison record, and the poison branch
+    reads nothing: the default policy reads each record once. Under `skip` and `dlq` both read."""
     from pyspark.sql import functions as F
 
     error = F.col(ERROR)
     view_columns = ["key", "value", *METADATA]
-    good = decoded.filter(error.isNull()).select(*view_columns)
-    bad = decoded.filter(error.isNotNull())
+    bad = poison_branch.filter(error.isNotNull())
     if source.on_error == "fail":
         where = F.concat(
             F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit(" offset "),
@@ -133,15 +138,17 @@ def split_poison(decoded: DataFrame, source: SourceConfig, pipeline: str) -> tup
             F.lit(": "), error,
             F.lit(" (on_error: fail; use on_error: skip or dlq to route such records instead)"),
         )  # fmt: skip
-        # Evaluating a poison row fails its task before the sink stage starts: nothing of the
+        # Evaluating a poison record fails its task before the sink stage starts: nothing of the
         # epoch is written, and the epoch fails permanently with this message.
+        good = view_branch.filter(F.when(error.isNotNull(), F.raise_error(message)).otherwise(F.lit(True)))
         rows = bad.select(
             F.lit(poison_sink_name(source)).alias("sink"),
-            F.lit(None).cast("binary").alias("key"),
-            F.raise_error(message).cast("binary").alias("value"),
+            F.col(RAW_KEY).alias("key"),
+            F.col(RAW_VALUE).alias("value"),
             F.array().cast(SINK_HEADERS_TYPE).alias("headers"),
         )
-        return good, rows
+        return good.select(*view_columns), rows
+    good = view_branch.filter(error.isNull()).select(*view_columns)
     provenance = F.array(
         F.struct(F.lit("eos.error").alias("key"), error.cast("binary").alias("value")),
         F.struct(F.lit("eos.pipeline").alias("key"), F.lit(pipeline).cast("binary").alias("value")),

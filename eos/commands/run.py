@@ -33,10 +33,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     import json
 
+    from connectors.formats import check_formats
     from eos.config import load_pipeline, redacted
     from eos.runner import describe_plan
 
     config = load_pipeline(args.pipeline)
+    check_formats(config, Path(args.pipeline).resolve().parent)  # schema files exist and parse
     if args.json:
         print(json.dumps(redacted(config), indent=2, sort_keys=True))
     else:
