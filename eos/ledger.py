@@ -100,32 +100,34 @@ def read_ledger(client: dict[str, Any], topic: str, pipeline: str, wait_s: float
                 hint="another writer uses this ledger topic; give each pipeline its own (ledger.topic)",
             )
         time.sleep(0.2)
+    return scan_ledger(client, topic, pipeline, {p: end for (_, p), end in high.items()})
+
+
+def scan_ledger(client: dict[str, Any], topic: str, pipeline: str, ends: dict[int, int], strict: bool = True) -> Ledger:
+    """The latest entry of each (sink, slot) of `pipeline` among the committed records below
+    `ends` (partition -> offset). strict: an unreadable ledger record is an error (recovery);
+    otherwise it is skipped (status reports)."""
     entries: Ledger = {}
     prefix = f"{pipeline}/".encode()
     reader = consumer({**client, "isolation.level": "read_committed"})
     try:
-        for (t, partition), end in high.items():
-            for batch in read_range(reader, t, partition, 0, end):
+        for partition, end in ends.items():
+            for batch in read_range(reader, topic, partition, 0, end, stall_timeout_s=120 if strict else 30):
                 for message in batch:
-                    if message.key() is None or not message.key().startswith(prefix) or message.value() is None:
+                    key, value = message.key(), message.value()
+                    if key is None or value is None or not key.startswith(prefix):
                         continue
                     try:
-                        entry = LedgerEntry.parse(message.value())
+                        entry = LedgerEntry.parse(value)
                     except (ValueError, TypeError, KeyError) as exc:
+                        if not strict:
+                            continue
                         raise CheckpointError(
                             f"ledger topic {topic}: unreadable record at offset {message.offset()}: {exc}"
                         ) from exc
-                    key = (entry.sink, entry.slot)
-                    if key not in entries or entry.epoch >= entries[key].epoch:
-                        entries[key] = entry
+                    slot_key = (entry.sink, entry.slot)
+                    if slot_key not in entries or entry.epoch >= entries[slot_key].epoch:
+                        entries[slot_key] = entry
     finally:
         reader.close()
     return entries
-
-
-def tombstone(client: dict[str, Any], topic: str, keys: Iterable[str]) -> None:
-    """Delete ledger keys (compaction removes them): used by `eos reset`."""
-    instance = producer(client)
-    for key in keys:
-        instance.produce(topic, None, key.encode())
-    instance.flush(30)

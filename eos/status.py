@@ -32,12 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from connectors.kafka_clients import UnknownTopic, admin_client, consumer, describe_partitions, end_offsets
-from connectors.range_reader import read_range
+from connectors.kafka_clients import UnknownTopic, admin_client, describe_partitions, end_offsets
 from eos.checkpoint import Checkpoint, CheckpointMeta
 from eos.config import PipelineConfig
 from eos.lag import committed_from_checkpoint, compute_lag, source_end_offsets
-from eos.ledger import LedgerEntry, fence, read_ledger
+from eos.ledger import LedgerEntry, fence, read_ledger, scan_ledger
 
 OPEN_STATES = {"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"}
 TOOLS_CLASS = "org.apache.kafka.tools.TransactionsCommand"
@@ -124,26 +123,7 @@ def read_ledger_unfenced(client: dict[str, Any], topic: str, pipeline: str) -> d
     """The latest committed entry per (sink, slot), read up to the LSO (never waits on an open
     transaction; whatever is behind one is not visible yet)."""
     offsets = stable_and_high(client, topic)
-    entries: dict[tuple[str, int], LedgerEntry] = {}
-    prefix = f"{pipeline}/".encode()
-    reader = consumer({**client, "isolation.level": "read_committed"})
-    try:
-        for partition, (stable, _) in offsets.items():
-            for batch in read_range(reader, topic, partition, 0, stable, stall_timeout_s=30):
-                for message in batch:
-                    key, value = message.key(), message.value()
-                    if key is None or value is None or not key.startswith(prefix):
-                        continue
-                    try:
-                        entry = LedgerEntry.parse(value)
-                    except (ValueError, TypeError, KeyError):
-                        continue
-                    slot_key = (entry.sink, entry.slot)
-                    if slot_key not in entries or entry.epoch >= entries[slot_key].epoch:
-                        entries[slot_key] = entry
-    finally:
-        reader.close()
-    return entries
+    return scan_ledger(client, topic, pipeline, {p: stable for p, (stable, _) in offsets.items()}, strict=False)
 
 
 def ledger_status(

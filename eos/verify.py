@@ -154,6 +154,9 @@ class Aggregate:
     values: dict[str, Any]  # output field -> "count" | {"count_where": {f: v}} | {"sum": f}
     dedupe_by: str | None = None
     where: dict[str, list[Any]] = field(default_factory=dict)
+    # Append-mode windows are emitted once the watermark (max event time - delay) passes their
+    # end: with a delay, only windows the input's final watermark has closed are expected.
+    watermark_delay: str | None = None
 
 
 @dataclass
@@ -272,6 +275,19 @@ def _output_key(decoded: Any, record: Record, group_by: dict[str, Any]) -> tuple
     return tuple(key)
 
 
+def _closed_windows(totals: dict[tuple[Any, ...], Any], agg: Aggregate, inputs) -> dict[tuple[Any, ...], Any]:
+    """The groups whose window the final watermark (max event time of the input - delay) has
+    passed: the only ones an append-mode windowed aggregate has emitted."""
+    windows = [(i, s) for i, s in enumerate(agg.group_by.values()) if isinstance(s, dict) and "window" in s]
+    if not windows or not inputs:
+        raise ConfigError("watermark_delay needs a group_by field with a window")
+    position, window = windows[0]
+    watermark = max(to_millis(_field(d, r, window["field"])) for r, d in inputs)
+    watermark -= int(parse_duration(agg.watermark_delay or 0) * 1000)
+    size = int(parse_duration(window["window"]) * 1000)
+    return {key: value for key, value in totals.items() if key[position] + size <= watermark}
+
+
 def _check_aggregate(spec: VerifySpec, inputs, outputs, report: VerifyReport) -> None:
     agg = spec.aggregate
     assert agg is not None
@@ -295,6 +311,8 @@ def _check_aggregate(spec: VerifySpec, inputs, outputs, report: VerifyReport) ->
                 group[name] += _field(decoded, record, how["sum"]) or 0
             else:
                 raise ConfigError(f"aggregate value {name}: expected count, count_where or sum, got {how!r}")
+    if agg.watermark_delay is not None:
+        totals = _closed_windows(totals, agg, inputs)
     seen: dict[tuple[Any, ...], dict[str, Any]] = {}
     duplicated = []
     for record, decoded in outputs:
