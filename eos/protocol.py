@@ -89,22 +89,31 @@ class EpochListener:
     def on_attempt_failed(self, votes: AttemptVotes) -> None: ...
 
 
+# A raised poison-record error has real values where the plan has expressions: Spark quotes the
+# logical plan (which contains the raise_error expression and its text) in query failures.
+_POISON = re.compile(
+    re.escape(POISON_MARKER) + r": source \S+: cannot decode the record at \S+/\d+ offset \d+: .*?(?=\s*SQLSTATE|$)"
+)
+_OURS = re.compile(r"(?:SourceError|SlotAborted|FailpointError|RangeReadError): (.*)")
+
+
 def user_message(exc: BaseException) -> str | None:
     """The line a user should see, dug out of a Spark/Py4J error, if it is one of ours."""
-    text = str(exc)
-    for marker in (POISON_MARKER, "SourceError: ", "SlotAborted: ", "FailpointError: "):
-        for line in text.splitlines():
-            if marker in line:
-                # Spark wraps it: "[USER_RAISED_EXCEPTION] eos poison record: ... SQLSTATE: P0001".
-                found = line[line.index(marker) :] if not marker.endswith(": ") else line.split(marker, 1)[1]
-                return re.sub(r"\s*SQLSTATE: \w+\s*$", "", found).strip()
+    for line in str(exc).splitlines():
+        found = _POISON.search(line)
+        if found:
+            return found.group(0).strip()
+    for line in str(exc).splitlines():
+        found = _OURS.search(line)
+        if found:
+            return re.sub(r"\s*SQLSTATE: \w+\s*$", "", found.group(1)).strip()
     return None
 
 
 def _is_permanent(exc: BaseException) -> bool:
     """Errors an epoch retry cannot fix: stop at once with the message."""
     text = str(exc)
-    return POISON_MARKER in text or "SourceError: " in text
+    return bool(_POISON.search(text)) or "SourceError: " in text
 
 
 @dataclass

@@ -1,0 +1,64 @@
+"""The ways in: `spark-submit eos/job.py`, the demo, and what must never leak (secrets)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import eos.job
+from tests.pipelines import (
+    assert_exactly_once,
+    committed_values,
+    eos_subprocess,
+    passthrough_pipeline,
+    produce_numbered,
+    write_pipeline,
+)
+
+
+def test_the_job_runs_under_spark_submit(bootstrap, new_topic, unique_name, tmp_path):
+    import pyspark
+
+    source, sink = new_topic(partitions=2), new_topic()
+    sent = produce_numbered(bootstrap, source, 0, 300)
+    path = write_pipeline(tmp_path, passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck"))
+    spark_submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    result = subprocess.run(
+        [str(spark_submit), "--master", "local[2]", eos.job.__file__, str(path), "--trigger", "available-now"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "epochs committed" in result.stdout + result.stderr  # spark-submit merges Python's stderr
+    assert_exactly_once(sent, committed_values(bootstrap, sink))
+
+
+def test_secrets_never_reach_the_checkpoint_or_the_output(bootstrap, new_topic, unique_name, tmp_path):
+    secret = "s3cr3t-" + unique_name("x")
+    source, sink = new_topic(), new_topic()
+    produce_numbered(bootstrap, source, 0, 50)
+    config = passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck")
+    # A real client setting librdkafka accepts with PLAINTEXT (it is used only with SASL).
+    config["sources"][0]["kafka"]["config"] = {"sasl.password": "${EOS_TEST_SECRET}"}
+    config["sinks"][0]["kafka"]["config"] = {"sasl.password": "${EOS_TEST_SECRET}"}
+    path = write_pipeline(tmp_path, config)
+    env = {"EOS_TEST_SECRET": secret}
+    validated = eos_subprocess("validate", str(path), "--json", env=env)
+    ran = eos_subprocess("run", str(path), env=env)
+    assert validated.returncode == 0 and ran.returncode == 0, ran.output[-3000:]
+    assert '"sasl.password": "***"' in validated.output
+    assert secret not in validated.output + ran.output
+    for file in (tmp_path / "ck").rglob("*"):
+        if file.is_file():
+            assert secret.encode() not in file.read_bytes(), f"the secret was written to {file}"
+
+
+def test_the_demo_output_matches_the_generators_ground_truth(bootstrap, tmp_path):
+    """`eos demo` on the test broker (smaller input): its own check compares every window of the
+    committed output with the counts the generator recorded; exit 0 only if all match."""
+    env = {"EOS_BOOTSTRAP": bootstrap, "EOS_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
+    finished = eos_subprocess("demo", "--external-kafka", "--events", "6000", env=env, timeout=600)
+    assert finished.returncode == 0, finished.output[-3000:]
+    assert "EXACTLY ONCE: every window matches the ground truth" in finished.output

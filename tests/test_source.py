@@ -1,0 +1,131 @@
+"""The re-settable Kafka source against a real broker: starting offsets, partitions added while
+running, a topic deleted while running, offsets deleted by retention."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+from confluent_kafka.admin import NewPartitions
+
+from connectors.kafka_clients import admin_client
+from tests.pipelines import (
+    ROOT,
+    assert_exactly_once,
+    committed_values,
+    eos_subprocess,
+    passthrough_pipeline,
+    produce_numbered,
+    run_in_process,
+    write_pipeline,
+)
+
+
+def test_starting_offsets_latest_and_explicit(spark, bootstrap, new_topic, unique_name, tmp_path):
+    source = new_topic(partitions=2)
+    produce_numbered(bootstrap, source, 0, 100)  # before the pipeline starts
+
+    latest_sink = new_topic()
+    config = passthrough_pipeline(unique_name("p"), bootstrap, source, latest_sink, tmp_path / "a" / "ck")
+    config["sources"][0]["kafka"]["starting_offsets"] = "latest"
+    path = write_pipeline(tmp_path / "a", config)
+    run_in_process(spark, path)  # pins "latest" = offsets at first start
+    later = produce_numbered(bootstrap, source, 100, 50)
+    run_in_process(spark, path)
+    assert_exactly_once(later, committed_values(bootstrap, latest_sink))
+
+    from_ten = new_topic()
+    config = passthrough_pipeline(unique_name("p"), bootstrap, source, from_ten, tmp_path / "b" / "ck")
+    config["sources"][0]["kafka"]["starting_offsets"] = {source: {0: 10, 1: 0}}
+    run_in_process(spark, write_pipeline(tmp_path / "b", config))
+    everything = committed_values(bootstrap, source)  # what the topic holds, partition by partition
+    from tests.support import read_all
+
+    skipped = {m.value().decode() for m in read_all(bootstrap, source) if m.partition() == 0 and m.offset() < 10}
+    assert_exactly_once([v for v in everything.elements() if v not in skipped], committed_values(bootstrap, from_ten))
+
+
+def _start(path, *extra):
+    return subprocess.Popen(
+        [sys.executable, "-m", "eos", "run", str(path), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, start_new_session=True,
+    )  # fmt: skip
+
+
+def _wait_for(predicate, proc, what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"eos run exited while waiting for {what}:\n{proc.stdout.read()[-3000:]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def test_partitions_added_while_running_are_picked_up(bootstrap, new_topic, unique_name, tmp_path):
+    source, sink = new_topic(partitions=1), new_topic()
+    sent = produce_numbered(bootstrap, source, 0, 200)
+    config = passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck")
+    config["epochs"]["trigger"] = "500ms"
+    proc = _start(write_pipeline(tmp_path, config))
+    try:
+        _wait_for(lambda: sum(committed_values(bootstrap, sink).values()) == 200, proc, "the first records")
+        admin = admin_client({"bootstrap.servers": bootstrap})  # kept alive until its future resolves
+        admin.create_partitions([NewPartitions(source, 3)])[source].result()
+        sent += produce_numbered(bootstrap, source, 200, 300)  # keys spread over all 3 partitions
+        _wait_for(lambda: sum(committed_values(bootstrap, sink).values()) >= len(sent), proc, "the new partitions")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output[-3000:]
+    assert_exactly_once(sent, committed_values(bootstrap, sink))
+
+
+def test_a_topic_deleted_while_running_stops_the_pipeline_clearly(bootstrap, new_topic, unique_name, tmp_path):
+    source, sink = new_topic(partitions=2), new_topic()
+    produce_numbered(bootstrap, source, 0, 100)
+    config = passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck")
+    config["epochs"]["trigger"] = "500ms"
+    proc = _start(write_pipeline(tmp_path, config))
+    _wait_for(lambda: sum(committed_values(bootstrap, sink).values()) == 100, proc, "the first records")
+    admin = admin_client({"bootstrap.servers": bootstrap})  # kept alive until its future resolves
+    admin.delete_topics([source])[source].result()
+    output, _ = proc.communicate(timeout=180)
+    assert proc.returncode not in (0, None), output[-3000:]
+    assert f"topic '{source}' does not exist (deleted, or never created)" in output
+
+
+def test_offsets_deleted_before_they_were_read(bootstrap, new_topic, unique_name, tmp_path):
+    """Epoch 1's offsets are logged, then the records are deleted (retention, delete-records)
+    before the restart reads them: by default a clear error; with on_out_of_range: earliest the
+    pipeline skips to the log start and says what it lost."""
+    from confluent_kafka import TopicPartition
+
+    source, sink = new_topic(partitions=1), new_topic()
+    produce_numbered(bootstrap, source, 0, 300)
+    config = passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck", max_records_per_epoch=100)
+    path = write_pipeline(tmp_path, config)
+    assert eos_subprocess("run", str(path), "--failpoint", "epoch.after_offsets_logged=kill@epoch=1").killed
+    admin = admin_client({"bootstrap.servers": bootstrap})
+    admin.delete_records([TopicPartition(source, 0, 150)])[TopicPartition(source, 0, 150)].result()
+
+    refused = eos_subprocess("run", str(path))
+    assert refused.returncode != 0
+    assert f"offset 100 of {source}/0 is out of range" in refused.output, refused.output[-3000:]
+    assert sum(committed_values(bootstrap, sink).values()) == 100  # epoch 0 only: nothing half-committed
+
+    config["sources"][0]["kafka"]["on_out_of_range"] = "earliest"
+    resumed = eos_subprocess("run", str(write_pipeline(tmp_path, config)))
+    assert resumed.returncode == 0, resumed.output[-3000:]
+    assert "were deleted before they were read" in resumed.output and "records LOST" in resumed.output
+    assert_exactly_once([f"rec-{i}" for i in [*range(100), *range(150, 300)]], committed_values(bootstrap, sink))
+
+
+def test_more_slots_than_task_slots_is_refused_up_front(bootstrap, new_topic, unique_name, tmp_path):
+    source, sink = new_topic(), new_topic()
+    config = passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck", slots=3)
+    started = time.monotonic()
+    refused = eos_subprocess("run", str(write_pipeline(tmp_path, config)), "--master", "local[2]")
+    assert refused.returncode == 2
+    assert "3 sink slots need 3 task slots running at once" in refused.output
+    assert time.monotonic() - started < 120  # never Spark's ten-minute barrier wait
