@@ -69,9 +69,8 @@ class SourceOptions:
     on_out_of_range: str = "fail"
     group_id: str | None = None  # consumer group for lag monitoring
     broker_wait_s: float = 120.0  # how long planning retries an unreachable broker before failing
-    # A config source is read by two Spark sources (the view's rows and the poison rows). The
-    # leader records its latest planned end under plan_dir; the follower plans as usual but is
-    # capped, partition by partition, at that end: it never gets ahead of the leader.
+    # A config source is read by two Spark sources (the view's rows and the poison rows), which
+    # share one plan per epoch through a PlanBook under plan_dir (see KafkaStreamReader.latestOffset).
     plan_dir: str = ""
     run_id: str = ""
     follower: bool = False
@@ -259,18 +258,27 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_target = self._latest()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """The epoch's end offsets. The two branches of a config source must plan the same epoch:
+        Spark asks them one after the other, in an order of its own, and the second one adopts
+        the plan the first made from the same start. (Capping one branch at the other's previous
+        plan instead made it lag one epoch behind whenever Spark asked it first, and cost an
+        extra epoch at the end.)"""
         if not self.options.plan_dir:
             return self._plan(start, limit)
         plans = PlanBook(Path(self.options.plan_dir), self.options.run_id)
-        if not self.options.follower:
-            end = self._plan(start, limit)
-            plans.write(end)
-            return end
-        leader = plans.read()
-        if leader is None:  # the leader has not planned in this run yet
-            return start
-        own = planning.decode(self._plan(start, limit))
-        return planning.encode(planning.follow(planning.decode(start), own, planning.decode(leader)))
+        role = "follower" if self.options.follower else "leader"
+        shared = plans.take(start, role)
+        if shared is not None:
+            return shared
+        end = self._plan(start, limit)
+        leader_end = plans.leader_end()
+        if self.options.follower and leader_end is not None and start != leader_end:
+            # Out of step with the view branch (never expected: both ends are logged together):
+            # catch up, but never get ahead of it.
+            end = planning.encode(planning.follow(planning.decode(start), planning.decode(end),
+                                                  planning.decode(leader_end)))  # fmt: skip
+        plans.offer(start, end, role)
+        return end
 
     def _plan(self, start: dict, limit: ReadLimit) -> dict:
         begin = planning.decode(start)
@@ -325,25 +333,48 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 class PlanBook:
-    """The leader's latest planned end offsets in this run (one small file per run)."""
+    """The plan one branch of a config source made for an epoch, offered to the other branch
+    (one small JSON file per run; both branches live in the driver and are asked in turn)."""
 
     def __init__(self, folder: Path, run_id: str):
         self.folder, self.path = folder, folder / f"{run_id}.json"
 
-    def write(self, end: dict) -> None:
+    def _load(self) -> dict:
+        try:
+            return json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+
+    def _save(self, book: dict) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         staging = self.folder / f".{os.getpid()}.tmp"
-        staging.write_text(json.dumps(end, sort_keys=True))
+        staging.write_text(json.dumps(book, sort_keys=True))
         os.replace(staging, self.path)
+
+    def offer(self, start: dict, end: dict, role: str) -> None:
+        """Record `role`'s plan start -> end for the other branch to take once."""
+        book = self._load()
+        book.update(start=start, end=end, by=role, taken=False)
+        if role == "leader":
+            book["leader_end"] = end
+        self._save(book)
         runs = sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
         for old in runs[:-8]:  # earlier runs' files are never read again
             old.unlink(missing_ok=True)
 
-    def read(self) -> dict | None:
-        try:
-            return json.loads(self.path.read_text())
-        except FileNotFoundError:
+    def take(self, start: dict, role: str) -> dict | None:
+        """The other branch's untaken plan from the same start, marked taken; else None."""
+        book = self._load()
+        if not book or book["taken"] or book["by"] == role or book["start"] != start:
             return None
+        book["taken"] = True
+        if role == "leader":
+            book["leader_end"] = book["end"]
+        self._save(book)
+        return book["end"]
+
+    def leader_end(self) -> dict | None:
+        return self._load().get("leader_end")
 
 
 class KafkaSource(DataSource):

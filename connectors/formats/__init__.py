@@ -116,9 +116,9 @@ def split_poison(
     after a `fail` stop the operator can switch the source to `skip` or `dlq` and restart on the
     same checkpoint, and the failed epoch is replayed with its logged offsets. (With one source
     under `fail`, Spark refuses that restart: "There are [1] sources in the checkpoint offsets and
-    now there are [2]".) The poison branch is capped at the view branch's planned offsets
-    (connectors.kafka_source PlanBook): it never gets ahead of the view, so under `fail` nothing it
-    skips was left unchecked; and each branch reads every offset once, with complementary
+    now there are [2]".) Both branches plan the same end offsets for each epoch
+    (connectors.kafka_source PlanBook): the poison branch never gets ahead of the view, so under
+    `fail` nothing it skips was left unchecked; and each branch reads every offset once, with complementary
     filters, so every record ends up once in the view or in the poison rows.
 
     Under `fail` the view branch itself stops the epoch on a poison record, and the poison branch
