@@ -29,6 +29,7 @@ test: install lint
 	$(BIN)/pytest
 
 bench: install
+	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python -m bench
 
 clean:

@@ -41,6 +41,7 @@ from eos.verify import Aggregate, Decoder, Match, VerifySpec, verify
 
 PROTOCOL_POINTS = [p for p in POINTS if p != "source.read"]
 TXN_TIMEOUT_MS = 10_000
+MAX_PER_EPOCH = 20_000
 BASE_MS = 1_767_225_600_000
 
 
@@ -53,7 +54,8 @@ class SoakResult:
     records_in: int = 0
     runs: int = 0
     epochs: int = 0
-    faults: Counter[str] = field(default_factory=Counter)
+    planned: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)  # faults that really happened
     points: Counter[str] = field(default_factory=Counter)
     copy: Any = None  # VerifyReport of the keyed copy
     windows: Any = None  # VerifyReport of the aggregate
@@ -64,7 +66,8 @@ class SoakResult:
             ("records in", f"{self.records_in:,}"),
             ("eos run processes", str(self.runs)),
             ("epochs committed", str(self.epochs)),
-            *[(f"faults: {kind}", str(n)) for kind, n in sorted(self.faults.items())],
+            *[(f"faults injected: {kind}", f"{self.faults[kind]} (of {n} scheduled)")
+              for kind, n in sorted(self.planned.items())],
             *[(f"  kill/raise at {point}", str(n)) for point, n in sorted(self.points.items())],
             ("copy sink: records out", f"{self.copy.output_records:,}"),
             ("copy sink: lost / duplicated / unexpected",
@@ -111,7 +114,7 @@ class Soak:
             "epochs": {"trigger": "available-now", "slots": 2, "timeout": "20s", "tolerable_failures": 6},
             "sources": [{
                 "name": "events",
-                "kafka": {"bootstrap": self.bootstrap, "topics": ["soak-in"], "max_records_per_epoch": 20_000},
+                "kafka": {"bootstrap": self.bootstrap, "topics": ["soak-in"], "max_records_per_epoch": MAX_PER_EPOCH},
                 "value_format": {"type": "json", "schema": "tick.avsc"},
                 "watermark": {"column": "ts", "delay": "30 seconds"},
             }],
@@ -154,31 +157,47 @@ class Soak:
         out.flush(120)
 
     # -- one run with one fault -------------------------------------------------------------------
-    def run_once(self, path: Path, fault: str) -> int:
+    def _target_epoch(self) -> int:
+        """An epoch this run will reach: the replayed one (a crash during recovery), or one of
+        the chunk's new epochs."""
         checkpoint = Checkpoint(str(self.workdir / "checkpoint"))
-        logged = checkpoint.last_logged_epoch()
-        epoch = (logged + 1 if logged is not None else 0) + self.rng.randrange(0, 3)
+        logged, committed = checkpoint.last_logged_epoch(), checkpoint.last_committed_epoch()
+        if logged is None:
+            first = 0
+        elif committed is None or committed < logged:
+            first = logged  # Spark replays it first
+        else:
+            first = logged + 1
+        return first + self.rng.randrange(0, max(1, self.chunk // MAX_PER_EPOCH))
+
+    def run_once(self, path: Path, fault: str) -> int:
+        """One `eos run` over what is pending, disturbed by `fault`. Counts the fault only if it
+        really happened (a failpoint's firing record, or the broker bounced mid-run)."""
+        epoch = self._target_epoch()
         args = ["run", str(path), "-q"]
+        fired_dir = self.workdir / "checkpoint" / "_eos" / "failpoints"
         # Failpoints fire `times` times across restarts; every soak run arms a fresh one.
-        shutil.rmtree(self.workdir / "checkpoint" / "_eos" / "failpoints", ignore_errors=True)
-        disturb = None
+        shutil.rmtree(fired_dir, ignore_errors=True)
+        point = ""
         if fault in ("kill", "raise"):
             point = self.rng.choice(PROTOCOL_POINTS)
             slot = f",slot={self.rng.randrange(2)}" if point.startswith("sink.") else ""
             args += ["--failpoint", f"{point}={fault}@epoch={epoch}{slot}"]
-            self.result.points[f"{point} ({fault})"] += 1
         elif fault == "stall":
             args += ["--failpoint", f"sink.after_agreement=pause(30)@epoch={epoch},slot={self.rng.randrange(2)}"]
         elif fault == "read-failure":
             args += ["--master", "local[2,3]", "--failpoint", "source.read=raise@times=1"]
         elif fault == "long-outage":
             args += ["--failpoint", f"sink.after_precommit=kill@epoch={epoch}"]
-        elif fault in ("broker-kill", "broker-restart"):
-            disturb = threading.Timer(self.rng.uniform(8, 25), self._bounce_broker, args=(fault == "broker-kill",))
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
         proc = subprocess.Popen([sys.executable, "-m", "eos", *args], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)  # fmt: skip
-        if disturb:
+        bounced: list[bool] = []
+        disturb = None
+        if fault in ("broker-kill", "broker-restart"):
+            disturb = threading.Timer(
+                self.rng.uniform(3, 15), self._bounce_broker, args=(fault == "broker-kill", proc, bounced)
+            )
             disturb.start()
         try:
             _, err = proc.communicate(timeout=1800)
@@ -189,16 +208,27 @@ class Soak:
             disturb.cancel()
             disturb.join()
         self.result.runs += 1
-        if proc.returncode not in (0, -signal.SIGKILL) and "error" not in (err or ""):
-            _say(f"run ended with {proc.returncode}: {(err or '')[-500:]}")
-        if fault == "long-outage" and proc.returncode == -signal.SIGKILL:
-            _say(f"down for {TXN_TIMEOUT_MS / 1000 + 5:.0f} s: past transaction.timeout.ms")
+        fired = bool(bounced) or (fired_dir.is_dir() and any(fired_dir.iterdir()))
+        if fault != "none":
+            self.result.planned[fault] += 1
+            if fired:
+                self.result.faults[fault] += 1
+                if point:
+                    self.result.points[f"{point} ({fault})"] += 1
+        _say(f"  run {self.result.runs}: exit {proc.returncode}; fault {fault} {'fired' if fired else 'not reached'}")
+        if proc.returncode not in (0, -signal.SIGKILL) and err:
+            _say("  its last words: " + " | ".join(err.strip().splitlines()[-3:])[:400])
+        if fault == "long-outage" and fired:
+            _say(f"  down for {TXN_TIMEOUT_MS / 1000 + 5:.0f} s: past transaction.timeout.ms")
             time.sleep(TXN_TIMEOUT_MS / 1000 + 5)
         return proc.returncode
 
-    def _bounce_broker(self, kill: bool) -> None:
-        _say(f"{'kill -9' if kill else 'clean restart'} of the broker")
+    def _bounce_broker(self, kill: bool, proc: subprocess.Popen, bounced: list[bool]) -> None:
+        if proc.poll() is not None:
+            return  # the run ended first: nothing to disturb
+        _say(f"  {'kill -9' if kill else 'clean restart'} of the broker")
         self.broker.stop(kill=kill)
+        bounced.append(True)
         time.sleep(self.rng.uniform(1, 6))
         self.broker.start()
 

@@ -1,0 +1,170 @@
+"""What every section shares: the plan (sizes, full or quick), the broker, the SparkSession, the
+inputs, where files go, and progress output."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.env import Progress
+from bench.inputs import Input, make_input
+
+
+@dataclass(frozen=True)
+class Plan:
+    quick: bool
+    rounds: int  # throughput rounds (each runs every configuration once)
+    events: int  # throughput input: distinct events (records are ~8% more: duplicates)
+    partitions: int
+    epoch_records: int  # max_records_per_epoch / maxOffsetsPerTrigger of the throughput rows
+    warmup_events: int
+    perf_records: int
+    latency_triggers: tuple[str, ...]
+    latency_rate: int  # records/s the load generator writes
+    latency_warmup_s: float
+    latency_measure_s: float
+    latency_runs: int
+    scaling_events: int
+    scaling_partitions: tuple[int, ...]
+    scaling_epoch_records: tuple[int, ...]
+    scaling_runs: int
+    recovery_points: tuple[str, ...]
+    recovery_runs: int
+    recovery_events: int
+    recovery_epoch_records: int
+    memory_duration_s: float
+    memory_rate: int
+    failpoint_rounds: int
+    failpoint_records: int
+    profile_events: int
+
+    def estimates(self) -> dict[str, float]:
+        """Seconds each section is expected to take (for the ETA), from runs on the 2-core machine."""
+        records = self.events * 1.08  # duplicates and the heartbeat
+        # eos exactly-once, at-least-once, Spark, raw, raw transactional: fixed seconds + records/s
+        round_s = 21 + records * (1 / 13_000 + 1 / 16_000 + 1 / 25_000 + 1 / 60_000 + 1 / 40_000)
+        warmup = 4 * (8 + self.warmup_events / 10_000)
+        perf = self.rounds * (20 + self.perf_records / 60_000)
+        latency = (
+            len(self.latency_triggers) * 3 * self.latency_runs * (self.latency_warmup_s + self.latency_measure_s + 12)
+        )
+        scaling_run = 8 + self.scaling_events * 1.08 / 13_000
+        small_epochs = self.scaling_events * 1.08 / min(self.scaling_epoch_records) * 1.2
+        return {
+            "setup": 40 + self.events / 20_000,
+            "throughput": warmup + self.rounds * 2 * round_s + perf,
+            "latency": latency,
+            "protocol": 0,
+            "scaling": self.scaling_runs
+            * (
+                len(self.scaling_partitions) * scaling_run
+                + len(self.scaling_epoch_records) * 2 * scaling_run
+                + small_epochs
+            ),
+            "recovery": len(self.recovery_points) * self.recovery_runs * 60,
+            "memory": self.memory_duration_s + 60,
+            "failpoints": 20 + self.failpoint_rounds * 3 * self.failpoint_records / 200_000,
+            "producer": 15 if self.quick else 45,
+            "profile": 40 + 4 * (10 + self.profile_events * 1.08 / 12_000),
+        }
+
+
+FULL = Plan(
+    quick=False,
+    rounds=3,
+    events=400_000,
+    partitions=4,
+    epoch_records=50_000,
+    warmup_events=50_000,
+    perf_records=2_000_000,
+    latency_triggers=("0.5s", "1s", "5s"),
+    latency_rate=1_000,
+    latency_warmup_s=10,
+    latency_measure_s=30,
+    latency_runs=2,
+    scaling_events=200_000,
+    scaling_partitions=(1, 4, 16),
+    scaling_epoch_records=(10_000, 50_000, 200_000),
+    scaling_runs=3,
+    recovery_points=("sink.after_precommit", "sink.between_commits", "epoch.after_commit"),
+    recovery_runs=2,
+    recovery_events=100_000,
+    recovery_epoch_records=20_000,
+    memory_duration_s=600,
+    memory_rate=1_000,
+    failpoint_rounds=15,
+    failpoint_records=100_000,
+    profile_events=200_000,
+)
+
+QUICK = Plan(
+    quick=True,
+    rounds=1,
+    events=20_000,
+    partitions=4,
+    epoch_records=10_000,
+    warmup_events=5_000,
+    perf_records=200_000,
+    latency_triggers=("1s",),
+    latency_rate=500,
+    latency_warmup_s=5,
+    latency_measure_s=10,
+    latency_runs=1,
+    scaling_events=20_000,
+    scaling_partitions=(1, 4),
+    scaling_epoch_records=(5_000, 20_000),
+    scaling_runs=1,
+    recovery_points=("sink.between_commits",),
+    recovery_runs=1,
+    recovery_events=10_000,
+    recovery_epoch_records=5_000,
+    memory_duration_s=45,
+    memory_rate=500,
+    failpoint_rounds=3,
+    failpoint_records=5_000,
+    profile_events=20_000,
+)
+
+
+@dataclass
+class Bench:
+    plan: Plan
+    bootstrap: str
+    broker_pid: int | None
+    spark: Any
+    work: Path  # checkpoints, pipeline files, profiles (deleted at the end unless --keep)
+    results: Path  # bench/results
+    progress: Progress
+    connector: Any = None
+    inputs: dict[tuple[int, int], Input] = field(default_factory=dict)
+    profile: bool = True
+
+    def say(self, message: str) -> None:
+        self.progress.say(message)
+
+    def input(self, events: int, partitions: int) -> Input:
+        """The input topic of `events` events over `partitions` partitions (written once)."""
+        key = (events, partitions)
+        if key not in self.inputs:
+            topic = f"bench-input-{events}-p{partitions}"
+            self.say(f"writing input {topic} ({events:,} events) ...")
+            self.inputs[key] = make_input(self.bootstrap, topic, partitions, events)
+        return self.inputs[key]
+
+    def checkpoint(self, name: str) -> Path:
+        return self.work / "checkpoints" / name
+
+
+def work_dir() -> Path:
+    from eos.paths import eos_home
+
+    root = eos_home() / "bench"
+    root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="run-", dir=root))
+
+
+def remove(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,170 @@
+"""The issue's targets, evaluated on the results: one row each, with its baseline and ratio."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.runs import ALO, BUILTIN, EO, RAW
+from bench.stats import line_fit, ratio_summary, summarize, verdict
+
+MEMORY_SERIES = (
+    ("driver (eos, Python) RSS", "driver", "rss_sum_mib"),
+    ("Spark JVM RSS", "spark_jvm", "rss_sum_mib"),
+    ("Python workers PSS (sum)", "python_workers", "pss_sum_mib"),
+    ("Python workers RSS (largest)", "python_workers", "rss_max_mib"),
+)
+FLAT = 1.10
+
+
+def _fmt_ratio(s: Any) -> str:
+    s = s.to_dict() if hasattr(s, "to_dict") else s
+    if not s.get("n"):
+        return "–"
+    return f"{s['median']:.2f}×" + (f" [{s['low']:.2f}–{s['high']:.2f}]" if s["n"] > 1 else "")
+
+
+def _paired(runs: dict[str, list[dict[str, Any]]], config: str, base: str) -> Any:
+    by_round = {r["round"]: r for r in runs.get(base, [])}
+    pairs = [(r, by_round[r["round"]]) for r in runs.get(config, []) if r["round"] in by_round]
+    return ratio_summary([a["rps_wall"] for a, _ in pairs], [b["rps_wall"] for _, b in pairs])
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, str]]:
+    rows: list[dict[str, str]] = []
+    section = results.get("throughput") or {}
+    for pipeline, data in (section.get("pipelines") or {}).items():
+        runs = data["runs"]
+        eo = summarize([r["rps_wall"] for r in runs.get(EO, [])])
+        for base, target, label in (
+            (ALO, 0.9, "at-least-once"),
+            (BUILTIN, 1.0, "Spark built-in"),
+            (RAW, 0.5, "raw confluent-kafka"),
+        ):
+            s = _paired(runs, EO, base)
+            base_rps = summarize([r["rps_wall"] for r in runs.get(base, [])])
+            rows.append(
+                {
+                    "name": f"throughput, {pipeline}: exactly-once vs {label}",
+                    "measured": f"{eo.median:,.0f} rec/s",
+                    "baseline": f"{base} {base_rps.median:,.0f} rec/s",
+                    "value": _fmt_ratio(s),
+                    "target": f"≥ {target}×",
+                    "verdict": verdict(s.median, target),
+                }
+            )
+    latency = results.get("latency") or {}
+    if latency.get("runs"):
+        from eos.config import parse_duration
+
+        for trigger in dict.fromkeys(r["trigger"] for r in latency["runs"]):
+            eo = [r for r in latency["runs"] if r["trigger"] == trigger and r["mode"] == EO]
+            alo = [r for r in latency["runs"] if r["trigger"] == trigger and r["mode"] == ALO]
+            p99 = summarize([r.get("p99_s") for r in eo]).median
+            limit = parse_duration(trigger) + 1.0
+            rows.append(
+                {
+                    "name": f"latency p99, trigger {trigger}",
+                    "measured": f"p99 {p99:.2f} s",
+                    "baseline": f"at-least-once p99 {summarize([r.get('p99_s') for r in alo]).median:.2f} s",
+                    "value": _fmt_ratio(ratio_summary([r.get("p99_s") for r in eo], [r.get("p99_s") for r in alo])),
+                    "target": f"≤ {limit:g} s",
+                    "verdict": verdict(p99, limit, higher_is_better=False),
+                }
+            )
+    agreement = (results.get("protocol") or {}).get("agreement_ms")
+    if agreement:
+        rows.append(
+            {
+                "name": "agreement step per epoch (p99)",
+                "measured": f"{agreement['p99']} ms (p50 {agreement['p50']})",
+                "baseline": "target 100 ms",
+                "value": f"{agreement['p99'] / 100:.3f}×",
+                "target": "≤ 100 ms",
+                "verdict": verdict(agreement["p99"], 100, higher_is_better=False),
+            }
+        )
+    recovery = results.get("recovery") or {}
+    for point in dict.fromkeys(r["point"] for r in recovery.get("runs", [])):
+        rs = [r for r in recovery["runs"] if r["point"] == point]
+        restart = summarize([r["restart_to_first_commit_s"] for r in rs]).median
+        ok = all(r["exactly_once"] for r in rs)
+        rows.append(
+            {
+                "name": f"recovery after kill -9 at `{point}`",
+                "measured": f"{restart:.1f} s to the first committed epoch" + ("" if ok else " (OUTPUT WRONG)"),
+                "baseline": f"cold start {summarize([r['cold_start_to_first_commit_s'] for r in rs]).median:.1f} s",
+                "value": _fmt_ratio(
+                    ratio_summary(
+                        [r["restart_to_first_commit_s"] for r in rs], [r["cold_start_to_first_commit_s"] for r in rs]
+                    )
+                ),
+                "target": "≤ 30 s",
+                "verdict": verdict(restart, 30, higher_is_better=False) if ok else "MISSED",
+            }
+        )
+    memory = results.get("memory") or {}
+    if memory.get("samples"):
+        for v in memory_verdicts(memory):
+            rows.append(
+                {
+                    "name": f"memory flat: {v['what']}",
+                    "measured": f"peak {v['peak']:,.0f} MiB (last third)",
+                    "baseline": f"peak {v['baseline']:,.0f} MiB (first third)",
+                    "value": f"{v['ratio']:.2f}×",
+                    "target": f"≤ {FLAT}×",
+                    "verdict": v["verdict"],
+                }
+            )
+    fp = results.get("failpoints") or {}
+    if fp.get("ratio"):
+        band, within = noise_band(fp)
+        rows.append(
+            {
+                "name": "failpoints disarmed vs compiled out (sink slot path)",
+                "measured": f"{fp['hit_ns']} ns per hit()",
+                "baseline": "hit() replaced by a no-op",
+                "value": _fmt_ratio(fp["ratio"]),
+                "target": f"within A/A noise, 1 ± {band:.3f}",
+                "verdict": "met" if within else "MISSED",
+            }
+        )
+    return rows
+
+
+def memory_verdicts(section: dict[str, Any]) -> list[dict[str, Any]]:
+    samples = section["samples"]
+    duration = section["duration_s"]
+    steady = [s for s in samples if s["t_s"] >= 0.2 * duration]
+    if len(steady) < 3:
+        return []
+    start, end = steady[0]["t_s"], steady[-1]["t_s"]
+    third = (end - start) / 3
+    out = []
+    for what, cls, metric in MEMORY_SERIES:
+        series = [(s["t_s"], s[cls][metric], s[cls]["processes"]) for s in steady if cls in s]
+        if len(series) < 3:
+            continue
+        first = [v for t, v, _ in series if t <= start + third]
+        last = [v for t, v, _ in series if t >= end - third]
+        _, slope, _ = line_fit([t / 60 for t, _, _ in series], [v for _, v, _ in series])
+        ratio = max(last) / max(first) if first and last and max(first) else float("nan")
+        out.append(
+            {
+                "what": what,
+                "baseline": max(first),
+                "peak": max(last),
+                "ratio": ratio,
+                "slope": slope,
+                "processes": f"{min(p for _, _, p in series)}–{max(p for _, _, p in series)}",
+                "verdict": verdict(ratio, FLAT, higher_is_better=False),
+            }
+        )
+    return out
+
+
+def noise_band(fp: dict[str, Any]) -> tuple[float, bool]:
+    """How far from 1 the A/A ratios (disarmed vs disarmed) strayed, and whether the
+    disarmed/compiled-out median stays that close to 1."""
+    noise = fp["noise_ratio"]
+    band = max(abs(noise["low"] - 1), abs(noise["high"] - 1))
+    return band, abs(fp["ratio"]["median"] - 1) <= band

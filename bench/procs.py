@@ -1,0 +1,168 @@
+"""Processes of a run, from /proc: who they are, how much CPU they used, how much memory they hold.
+
+Classes: the driver (the eos Python process), the Spark JVM, Spark's Python workers (the
+pyspark.daemon processes and the workers they fork), the Kafka broker, and everything else on
+the machine (other engineers' tests share it). CPU is what tells where a run's time went
+across process boundaries; py-spy (bench/profiling.py) then says where inside Python.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
+CLASSES = ("driver", "spark_jvm", "python_workers", "broker", "tools")
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    cmdline: str
+    cpu_ticks: int  # utime + stime
+    children_ticks: int  # cutime + cstime: children it waited for (e.g. Python processes the JVM ran)
+    rss_kib: int
+
+
+def _read(pid: int) -> ProcInfo | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: split after the last ')'.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    ppid = int(fields[1])
+    ticks = int(fields[11]) + int(fields[12])
+    children = int(fields[13]) + int(fields[14])
+    rss = int(fields[21]) * PAGE_KIB
+    return ProcInfo(pid, ppid, cmdline, ticks, children, rss)
+
+
+def snapshot() -> dict[int, ProcInfo]:
+    procs = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            info = _read(int(entry))
+            if info is not None:
+                procs[info.pid] = info
+    return procs
+
+
+def descendants(root: int, procs: dict[int, ProcInfo]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for info in procs.values():
+        children.setdefault(info.ppid, []).append(info.pid)
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def classify(driver: int, broker: int | None, procs: dict[int, ProcInfo]) -> dict[int, str]:
+    """pid -> class, for the driver's process tree and the broker."""
+    classes = {driver: "driver"} if driver in procs else {}
+    for pid in descendants(driver, procs):
+        cmd = procs[pid].cmdline
+        if "pyspark.daemon" in cmd or "pyspark.worker" in cmd or "pyspark/daemon" in cmd:
+            classes[pid] = "python_workers"
+        elif "java" in cmd.split(" ")[0] and "SparkSubmit" in cmd:
+            classes[pid] = "spark_jvm"
+        elif "python" in cmd.split(" ")[0] and "SparkSubmit" in getattr(procs.get(procs[pid].ppid), "cmdline", ""):
+            classes[pid] = "python_workers"  # a Python process the JVM started directly (planner workers)
+        else:
+            classes[pid] = "tools"
+    if broker is not None and broker in procs:
+        classes[broker] = "broker"
+    return classes
+
+
+def machine_busy_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+class CpuMeter:
+    """CPU seconds each class used between start() and stop()."""
+
+    def __init__(self, driver: int, broker: int | None):
+        self.driver, self.broker = driver, broker
+
+    def start(self) -> None:
+        self._before = snapshot()
+        self._machine_before = machine_busy_ticks()
+        self._t0 = time.monotonic()
+
+    def stop(self) -> dict[str, float]:
+        after = snapshot()
+        busy_after, _ = machine_busy_ticks()
+        wall = time.monotonic() - self._t0
+        classes = classify(self.driver, self.broker, after)
+        # Processes that existed before too are counted by their difference, new ones fully. A
+        # process's exited children are counted where they belong: the JVM's are Python
+        # processes it ran (the Python data source's planner runners), the driver's are tools.
+        used: dict[str, float] = dict.fromkeys(CLASSES, 0.0)
+        for pid, cls in classes.items():
+            before = self._before.get(pid)
+            same = before is not None and before.cmdline == after[pid].cmdline
+            own = after[pid].cpu_ticks - (before.cpu_ticks if same else 0)
+            reaped = after[pid].children_ticks - (before.children_ticks if same else 0)
+            used[cls] += max(0, own) / CLK_TCK
+            reaped_cls = {"spark_jvm": "python_workers", "driver": "tools"}.get(cls, cls)
+            used[reaped_cls] += max(0, reaped) / CLK_TCK
+        ours = sum(used.values())
+        machine = (busy_after - self._machine_before[0]) / CLK_TCK
+        result = {k: round(v, 2) for k, v in used.items()}
+        result["other"] = round(max(0.0, machine - ours), 2)
+        result["wall_s"] = round(wall, 2)
+        result["cores"] = os.cpu_count() or 1
+        return result
+
+
+def pss_kib(pid: int) -> int:
+    """Proportional set size (shared pages split between sharers): forked workers share most of
+    their memory with the daemon, so summing RSS would count it several times."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    info = _read(pid)
+    return info.rss_kib if info else 0
+
+
+def memory_by_class(driver: int, broker: int | None) -> dict[str, dict[str, float]]:
+    """Per class: RSS of the largest process, RSS summed, PSS summed (MiB), process count."""
+    procs = snapshot()
+    out: dict[str, dict[str, float]] = {}
+    for pid, cls in classify(driver, broker, procs).items():
+        if cls == "broker":
+            continue
+        entry = out.setdefault(cls, {"rss_max_mib": 0.0, "rss_sum_mib": 0.0, "pss_sum_mib": 0.0, "processes": 0})
+        rss = procs[pid].rss_kib / 1024
+        entry["rss_max_mib"] = max(entry["rss_max_mib"], rss)
+        entry["rss_sum_mib"] += rss
+        entry["pss_sum_mib"] += pss_kib(pid) / 1024
+        entry["processes"] += 1
+    return {k: {m: round(v, 1) for m, v in d.items()} for k, d in out.items()}
+
+
+def worker_roots(driver: int) -> list[int]:
+    """The pyspark.daemon processes the JVM started (py-spy follows the workers they fork)."""
+    procs = snapshot()
+
+    def is_daemon(pid: int) -> bool:
+        return pid in procs and "pyspark.daemon" in procs[pid].cmdline
+
+    return sorted(pid for pid in descendants(driver, procs) if is_daemon(pid) and not is_daemon(procs[pid].ppid))

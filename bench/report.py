@@ -1,0 +1,754 @@
+"""docs/BENCHMARKS.md from the results JSON: every figure with its baseline and ratio.
+
+Rendering is separate from measuring (`python -m bench --render FILE`), so the text can be fixed
+without re-running an hour of benchmarks. The hand-written analysis of missed targets lives in
+bench/NOTES.md and is included at the end.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from bench.evaluate import noise_band, targets
+from bench.runs import ALO, BUILTIN, CONFIGS, EO, RAW, RAW_TXN, SPARK_CONFIGS
+from bench.sections.protocol import PHASES
+from bench.stats import line_fit, ratio_summary, summarize
+
+NOTES = Path(__file__).resolve().parent / "NOTES.md"
+PHASE_NAMES = {
+    "plan": "plan (offsets logged: the barrier)",
+    "read_process": "read + process + shuffle to slots",
+    "precommit": "pre-commit (produce + ledger + flush)",
+    "agreement": "agreement (vote, incl. waiting for slots)",
+    "commit": "commit_transaction",
+    "driver": "driver (foreachBatch around the job)",
+    "mark": "mark committed (Spark commit log)",
+    "other": "other (Spark trigger overhead)",
+}
+
+
+def n(value: Any, digits: int = 0) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:,.{digits}f}"
+
+
+def span(summary: dict[str, Any] | Any, digits: int = 0, unit: str = "") -> str:
+    """'median [min–max]' (or the median alone for one run)."""
+    s = summary if isinstance(summary, dict) else summary.to_dict()
+    if not s.get("n"):
+        return "–"
+    if s["n"] == 1:
+        return f"{n(s['median'], digits)}{unit}"
+    return f"{n(s['median'], digits)}{unit} [{n(s['low'], digits)}–{n(s['high'], digits)}]"
+
+
+def ratio(summary: dict[str, Any] | Any) -> str:
+    s = summary if isinstance(summary, dict) else summary.to_dict()
+    if not s.get("n"):
+        return "–"
+    if s["n"] == 1:
+        return f"{s['median']:.2f}×"
+    return f"{s['median']:.2f}× [{s['low']:.2f}–{s['high']:.2f}]"
+
+
+def table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return [*out, ""]
+
+
+def failed(section: dict[str, Any] | None, name: str) -> list[str] | None:
+    if section is None:
+        return [f"_Not run in this invocation (`python -m bench --sections {name}`)._", ""]
+    if "error" in section:
+        return [f"**This section failed:** `{section['error']}`", "", "```", section.get("traceback", ""), "```", ""]
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def header(results: dict[str, Any]) -> list[str]:
+    meta = results["meta"]
+    m = meta["machine"]
+    load = meta["load"]
+    sk = meta["spark_kafka"]
+    waited = (
+        "the quiet-machine wait was skipped"
+        if load.get("skipped")
+        else f"waited {load['waited_s']:.0f} s for load < {load['threshold']} "
+        f"({'reached' if load['quiet'] else 'not reached: ran anyway'}; first check {load['load_at_first_check']})"
+    )
+    lines = [
+        "# Benchmarks",
+        "",
+        "What exactly-once costs in eos, measured against baselines run in the same invocation, on the same input,",
+        "on the same machine. Absolute numbers on this shared 2-core machine are not stable; the ratios are the",
+        "figures to read. Every figure is a median over several runs, with the spread (min–max) in brackets.",
+        "",
+        "**Reproduce** (Java 17+ and Maven needed; the broker, the perf tools and Spark's Kafka connector come from",
+        "Maven Central):",
+        "",
+        "```sh",
+        "make bench                 # = .venv/bin/python -m bench: every section, ~1 hour, rewrites this file",
+        "python -m bench --quick    # every section, small sizes, one run each (~10 min): bench/results/QUICK.md",
+        "```",
+        "",
+        f"- **Run**: `{meta['command']}` on {meta['date']} ({n(meta.get('duration_s', 0) / 60, 0)} min)"
+        + (" — QUICK MODE: smoke-test sizes, not figures." if meta["quick"] else "."),
+        f"- **Machine**: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {m['os']}; Python {m['python']}, "
+        f"PySpark {m['pyspark']}, Kafka {m['kafka']} (local KRaft broker, 1 GiB heap), confluent-kafka "
+        f"{m['confluent_kafka']} (librdkafka {m['librdkafka']}), {meta['java']}.",
+        f"- **Load average** (1 min): {load['load_at_start']} at start ({waited}), "
+        f"{meta.get('load_at_end', '–')} at the end; per section below. Other engineers' test runs share this "
+        "machine: the CPU tables show how much of it they took (`other`).",
+        f"- **Spark's Kafka connector**: spark-sql-kafka-0-10_2.13 **{sk['version']}** "
+        + (
+            f"(Maven Central has no {sk['pyspark']} build, checked on repo1.maven.org; {sk['version']} is the newest "
+            f"there, with spark-token-provider-kafka-0-10 {sk['token_provider']}, the newest of that artifact there) "
+            f"on PySpark {sk['pyspark']}"
+            if sk["version"] != sk["pyspark"]
+            else f"(= PySpark {sk['pyspark']})"
+        )
+        + f"; jars added with `spark.jars`: {', '.join(sk['jars'])}.",
+        "- Results as JSON: `bench/results/latest.json` (gitignored) and a tracked copy, `docs/benchmarks.json`.",
+        "",
+        "### Caveats",
+        "",
+        "- Two cores run everything: the broker, the Spark JVM (driver and executor: `local[2]`), Spark's Python",
+        "  workers, the benchmark's driver, and whatever else runs on the machine. A configuration that needs fewer",
+        "  processes (the raw loop: one) gets more of the machine.",
+        "- Spark-based runs reuse one warm SparkSession (JVM start-up is not in the figures; a warm-up run of each",
+        "  configuration comes first). Recovery and memory run `python -m eos run` as its own process (cold JVM).",
+        "- Throughput is records of input per second: `wall` is the whole run (eos: from `run_config` to its",
+        "  return, start-up fencing and ledger read included; Spark: `start()` to termination), `epochs` is records",
+        "  over the sum of Spark's `triggerExecution` of every micro-batch (planning, offset log, job, commit log).",
+        "  The raw loop has no epochs. Both eos modes run one more, empty, epoch at the end of an available-now run",
+        "  than Spark's connector (its dead-letter branch plans one epoch behind); it is counted.",
+        "- The Spark baseline runs eos's own transform code (the same fastavro `arrow_udf`s, SQL and Python",
+        "  transform; spark-avro is not used) so that only the connectors and the protocol differ.",
+        "",
+    ]
+    return lines
+
+
+def summary(results: dict[str, Any]) -> list[str]:
+    rows = targets(results)
+    out = [
+        "## Targets",
+        "",
+        "Each ratio is paired: taken within one round (configuration and baseline run back to back), median over",
+        "rounds. Verdicts use the wall-clock figures.",
+        "",
+    ]
+    return out + table(
+        ["target", "measured", "baseline (same run)", "ratio / value", "target", "verdict"],
+        [[r["name"], r["measured"], r["baseline"], r["value"], r["target"], f"**{r['verdict']}**"] for r in rows],
+    )
+
+
+def throughput(results: dict[str, Any]) -> list[str]:
+    section = results.get("throughput")
+    out = ["## 1. Throughput", ""]
+    problem = failed(section, "throughput")
+    if problem:
+        return out + problem
+    inp = section["input"]
+    perf = section["perf"]
+    ceiling = summarize(perf["ceiling_rps"])
+    out += [
+        f"Input: {inp['records']:,} records ({inp['events']:,} ad events + duplicates + a heartbeat; Avro values of "
+        f"{inp['value_bytes_mean']} bytes on average) on {inp['partitions']} partitions, read from the start by every "
+        f"configuration; epochs of at most {section['epoch_records']:,} records (`max_records_per_epoch` for eos, "
+        "`maxOffsetsPerTrigger` for Spark, one transaction per as many input records for the transactional raw",
+        "loop). Stateless: Avro decode → filter/project (SQL) → Avro encode. Stateful: the demo,",
+        "`examples/ad_attribution.yaml`.",
+        "",
+        "**The machine's ceiling** (Kafka's perf tools, same record size, same producer settings as eos's sink):",
+        "",
+    ]
+    out += table(
+        ["tool", "records/s", "baseline", "ratio"],
+        [
+            ["ProducerPerformance", span(perf["producer"]), "–", "–"],
+            ["ConsumerPerformance (read_committed)", span(perf["consumer"]), "–", "–"],
+            [
+                "ceiling = min(producer, consumer)",
+                span(ceiling),
+                "ProducerPerformance",
+                ratio(ratio_summary(perf["ceiling_rps"], perf["producer_rps"])),
+            ],
+        ],
+    )
+    for pipeline, data in section["pipelines"].items():
+        runs = data["runs"]
+        out += [f"### {pipeline.capitalize()} pipeline", ""]
+        rows = []
+        for config in CONFIGS:
+            rs = runs.get(config, [])
+            if not rs:
+                continue
+            wall = summarize([r["rps_wall"] for r in rs])
+            epochs = summarize([r["rps_epochs"] for r in rs if r.get("rps_epochs")])
+            vs_ceiling = ratio_summary([r["rps_wall"] for r in rs], perf["ceiling_rps"])
+            rows.append(
+                [
+                    config,
+                    span(wall),
+                    span(epochs),
+                    n(summarize([len(r["epochs"]) for r in rs]).median),
+                    n(summarize([r["records_out"] for r in rs]).median),
+                    "machine ceiling",
+                    ratio(vs_ceiling),
+                ]
+            )
+        out += table(
+            [
+                "configuration",
+                "records/s (wall)",
+                "records/s (epoch time)",
+                "epochs",
+                "records out",
+                "baseline",
+                "ratio (wall)",
+            ],
+            rows,
+        )
+        outs = {c: {r["records_out"] for r in runs.get(c, [])} for c in CONFIGS if runs.get(c)}
+        if pipeline == "stateless" and len({x for s in outs.values() for x in s}) > 1:
+            out += [f"**Output counts differ between configurations:** {outs}", ""]
+        out += ["Paired ratios (the target comparisons, and each configuration against the next simpler one):", ""]
+        pairs = [(EO, ALO), (EO, BUILTIN), (EO, RAW), (ALO, BUILTIN), (BUILTIN, RAW), (RAW_TXN, RAW), (EO, RAW_TXN)]
+        rows = []
+        for config, base in pairs:
+            a, b = runs.get(config, []), runs.get(base, [])
+            if not a or not b:
+                continue
+            by_round = {r["round"]: r for r in b}
+            paired = [(r, by_round[r["round"]]) for r in a if r["round"] in by_round]
+            wall = ratio_summary([x["rps_wall"] for x, _ in paired], [y["rps_wall"] for _, y in paired])
+            ep = ratio_summary([x.get("rps_epochs") for x, _ in paired], [y.get("rps_epochs") for _, y in paired])
+            rows.append(
+                [config, base, ratio(wall), ratio(ep) if config in SPARK_CONFIGS and base in SPARK_CONFIGS else "–"]
+            )
+        out += table(["configuration", "baseline", "ratio (wall)", "ratio (epoch time)"], rows)
+        out += cpu_table(runs)
+    return out
+
+
+def cpu_table(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    classes = ("spark_jvm", "python_workers", "driver", "broker", "other")
+    rows = []
+    for config in CONFIGS:
+        rs = runs.get(config, [])
+        if not rs:
+            continue
+        per = {c: summarize([r["cpu"].get(c, 0) / r["records_in"] * 1e6 for r in rs]).median for c in classes}
+        busy = summarize(
+            [(sum(r["cpu"].get(c, 0) for c in classes)) / (r["cpu"]["wall_s"] * r["cpu"]["cores"]) for r in rs]
+        ).median
+        rows.append([config, *[n(per[c], 1) for c in classes], n(100 * busy, 0) + "%"])
+    return [
+        "CPU per record, µs of CPU time per input record by process (median over runs; `other` is the rest of the",
+        "machine: other engineers' processes). `busy` is how much of both cores was in use during the run.",
+        "",
+        *table(["configuration", "Spark JVM", "Python workers", "driver (Python)", "broker", "other", "busy"], rows),
+    ]
+
+
+def latency(results: dict[str, Any]) -> list[str]:
+    section = results.get("latency")
+    out = ["## 2. Latency", ""]
+    problem = failed(section, "latency")
+    if problem:
+        return out + problem
+    out += [
+        f"Produce time (the generator's clock when it calls `produce()`; `linger.ms=5`) to visible to an "
+        f"`isolation.level=read_committed` consumer of the output, for every record produced during "
+        f"{section['measure_s']:.0f} s after a {section['warmup_s']:.0f} s warm-up, at {section['rate']:,} records/s; "
+        "stateless pipeline, processing-time trigger. Baselines: the same pipeline in eos at-least-once mode (records",
+        "are visible as soon as they are produced) and on Spark's built-in connector. Median over runs of each run's",
+        "percentile. The target applies to exactly-once; the other rows show it for comparison.",
+        "",
+    ]
+    rows = []
+    from eos.config import parse_duration
+
+    by = {}
+    for row in section["runs"]:
+        by.setdefault((row["trigger"], row["mode"]), []).append(row)
+    for trigger in dict.fromkeys(r["trigger"] for r in section["runs"]):
+        limit = parse_duration(trigger) + 1.0
+        for mode, base_mode in ((EO, ALO), (ALO, BUILTIN), (BUILTIN, None)):
+            rs = by.get((trigger, mode), [])
+            if not rs:
+                continue
+            p99 = summarize([r.get("p99_s") for r in rs])
+            base_rows = by.get((trigger, base_mode), []) if base_mode else []
+            base = ratio_summary([r.get("p99_s") for r in rs], [r.get("p99_s") for r in base_rows])
+            missing = sum(r.get("missing", 0) for r in rs)
+            rows.append(
+                [
+                    trigger,
+                    mode,
+                    span(summarize([r.get("p50_s") for r in rs]), 2, " s"),
+                    span(p99, 2, " s"),
+                    n(summarize([r.get("max_s") for r in rs]).median, 2) + " s",
+                    f"{sum(r.get('visible', 0) for r in rs):,}" + (f" ({missing} missing)" if missing else ""),
+                    f"{base_mode} p99" if base_rows else "–",
+                    ratio(base) if base_rows else "–",
+                    f"≤ {limit:g} s",
+                    "met" if p99.median <= limit else "MISSED",
+                ]
+            )
+    return out + table(
+        ["trigger", "mode", "p50", "p99", "max", "records", "baseline", "ratio (p99)", "target (p99)", "verdict"],
+        rows,
+    )
+
+
+def protocol(results: dict[str, Any]) -> list[str]:
+    section = results.get("protocol")
+    out = ["## 3. Protocol cost per epoch", ""]
+    problem = failed(section, "protocol")
+    if problem:
+        return out + problem
+    if not section.get("sets"):
+        return [*out, "_No epochs to analyse (run the throughput and latency sections)._", ""]
+    out += [
+        "Where an epoch's time goes, from eos's own per-slot timings and Spark's progress (the epochs of the",
+        "stateless runs of sections 1 and 2). Baseline: the epoch's `triggerExecution`; each share is the phase's",
+        "total over the epoch time's total (epochs with records only). The slot phases are those of the slot that",
+        "finished last.",
+        "",
+    ]
+    sets = section["sets"]
+    names = list(sets)
+    header_row = ["phase"] + [f"{name}: share / median ms" for name in names]
+    rows = []
+    for phase in PHASES:
+        rows.append(
+            [PHASE_NAMES[phase]]
+            + [
+                f"{sets[s]['share_pct'][phase]:.1f}% / {sets[s]['median_ms'][phase]:,.1f}"
+                if sets[s].get("epochs")
+                else "–"
+                for s in names
+            ]
+        )
+    rows.append(
+        ["of pre-commit: init_transactions (new producer)"]
+        + [
+            f"{sets[s]['init_share_pct']:.1f}% / {sets[s]['init_ms']:,.1f} (max {sets[s]['init_max_ms']:,.0f})"
+            if sets[s].get("epochs")
+            else "–"
+            for s in names
+        ]
+    )
+    rows.append(
+        ["epoch time, median [min–max]"]
+        + [span(sets[s]["epoch_s"], 2, " s") if sets[s].get("epochs") else "–" for s in names]
+    )
+    rows.append(
+        ["records per epoch (median)"]
+        + [n(sets[s]["records_per_epoch"]["median"]) if sets[s].get("epochs") else "–" for s in names]
+    )
+    rows.append(["epochs"] + [str(sets[s].get("epochs", 0)) for s in names])
+    rows.append(
+        ["sink producers created / reused"]
+        + [
+            f"{sets[s]['producers_created']} / {sets[s]['producers_reused']}" if sets[s].get("epochs") else "–"
+            for s in names
+        ]
+    )
+    out += table(header_row, rows)
+    out += producer_startup(results)
+    agreement = section.get("agreement_ms")
+    if agreement:
+        out += [
+            f"**Agreement step** (the last voter's round trip to the driver's coordinator, which waits for no other "
+            f"slot), over {agreement['epochs']} exactly-once epochs: p50 **{agreement['p50']} ms**, p99 "
+            f"**{agreement['p99']} ms**, max {agreement['max']} ms. Target ≤ 100 ms: ratio p99/target "
+            f"{agreement['p99'] / 100:.3f}×, **{'met' if agreement['p99'] <= 100 else 'MISSED'}**.",
+            "",
+        ]
+    return out
+
+
+def producer_startup(results: dict[str, Any]) -> list[str]:
+    section = results.get("producer")
+    if not section or "error" in section:
+        return []
+    rows = []
+    plain = section["summary"]["as eos does it"]
+    for variant, s in section["summary"].items():
+        rows.append(
+            [
+                variant,
+                f"{s['median_ms']:.0f} ms",
+                f"{s['p90_ms']:.0f} ms",
+                f"{s['max_ms']:.0f} ms",
+                f"{s['over_400ms']} of {section['rounds']}",
+                "as eos does it",
+                f"{s['median_ms'] / plain['median_ms']:.2f}× (p90 {s['p90_ms'] / plain['p90_ms']:.2f}×)",
+            ]
+        )
+    return [
+        "**A fresh sink producer** (`bench/sections/producer.py`): `init_transactions` on a new transactional "
+        "producer, as `connectors/kafka_sink.transactional_producer` does it when a slot lands on another Python "
+        "worker, and the same with one metadata request (`list_topics`) first, alternated on the same ids:",
+        "",
+        *table(["variant", "median", "p90", "max", "> 400 ms", "baseline", "ratio"], rows),
+    ]
+
+
+def recovery(results: dict[str, Any]) -> list[str]:
+    section = results.get("recovery")
+    out = ["## 4. Recovery", ""]
+    problem = failed(section, "recovery")
+    if problem:
+        return out + problem
+    inp = section["input"]
+    out += [
+        f"`python -m eos run` of the stateless pipeline (exactly-once, epochs of {section['epoch_records']:,} records, "
+        f"{inp['records']:,} input records) with `--failpoint POINT=kill@epoch=2`, killed there (kill -9 of the "
+        "driver's process group and the Python workers), then the same command again. Figures from the restart "
+        "command; baseline: the same command's cold start to its first committed epoch, measured in the killed run.",
+        "The exactly-once check reads the committed output after the restarted run drained the input.",
+        "",
+    ]
+    by: dict[str, list[dict[str, Any]]] = {}
+    for row in section["runs"]:
+        by.setdefault(row["point"], []).append(row)
+    rows = []
+    for point, rs in by.items():
+        restart = summarize([r["restart_to_first_commit_s"] for r in rs])
+        rows.append(
+            [
+                f"`{point}`",
+                span(summarize([r["kill_to_group_gone_s"] for r in rs]), 2, " s"),
+                span(summarize([r["exit_to_restart_s"] for r in rs]), 2, " s"),
+                span(summarize([r["restart_to_recovery_s"] for r in rs]), 1, " s"),
+                span(restart, 1, " s"),
+                span(summarize([r["cold_start_to_first_commit_s"] for r in rs]), 1, " s"),
+                ratio(
+                    ratio_summary(
+                        [r["restart_to_first_commit_s"] for r in rs], [r["cold_start_to_first_commit_s"] for r in rs]
+                    )
+                ),
+                "≤ 30 s",
+                "met" if restart.median <= 30 else "MISSED",
+                "; ".join(
+                    f"{r['committed_out']:,}/{r['expected_out']:,} {'ok' if r['exactly_once'] else 'WRONG'}" for r in rs
+                ),
+            ]
+        )
+    return out + table(
+        [
+            "failpoint",
+            "kill → processes gone",
+            "gone → restart",
+            "restart → recovered (fenced, ledger read)",
+            "restart → first committed epoch",
+            "baseline: cold start → first commit",
+            "ratio",
+            "target",
+            "verdict",
+            "committed output / expected",
+        ],
+        rows,
+    )
+
+
+def scaling(results: dict[str, Any]) -> list[str]:
+    section = results.get("scaling")
+    out = ["## 5. Scaling", ""]
+    problem = failed(section, "scaling")
+    if problem:
+        return out + problem
+    out += [
+        f"Stateless pipeline, {section['events']:,} events per input. Cost per record = epoch time / input records.",
+        "",
+        f"**Source partitions** (eos exactly-once, epochs of {section['epoch_records']:,} records); baseline: the "
+        "first row.",
+        "",
+    ]
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for row in section["partitions"]:
+        groups.setdefault(row["partitions"], []).append(row)
+    rows, base = [], None
+    for partitions, rs in groups.items():
+        rps = summarize([r["rps_wall"] for r in rs])
+        cost = summarize([r["epoch_time_s"] / r["records_in"] * 1e6 for r in rs])
+        base = base or (partitions, rps, cost)
+        rows.append(
+            [
+                partitions,
+                span(rps),
+                span(summarize([r["rps_epochs"] for r in rs])),
+                n(cost.median, 1),
+                f"{base[0]} partition(s)",
+                f"{rps.median / base[1].median:.2f}×",
+                f"{cost.median / base[2].median:.2f}×",
+            ]
+        )
+    out += table(
+        [
+            "partitions",
+            "records/s (wall)",
+            "records/s (epoch time)",
+            "µs per record",
+            "baseline",
+            "ratio (records/s)",
+            "ratio (µs per record)",
+        ],
+        rows,
+    )
+    out += ["**Epoch size** (4 partitions): exactly-once and at-least-once; baseline: the smallest epoch size.", ""]
+    sizes: dict[int, dict[str, list[dict[str, Any]]]] = {}
+    for row in section["epoch_sizes"]:
+        sizes.setdefault(row["epoch_records"], {}).setdefault(row["config"], []).append(row)
+    rows, base = [], None
+    eo_epochs: list[dict[str, Any]] = []
+    for size, by_config in sizes.items():
+        eo, alo = by_config.get(EO, []), by_config.get(ALO, [])
+        eo_epochs += [e for r in eo for e in r["epochs"] if e.get("records_out")]
+        rps = summarize([r["rps_wall"] for r in eo])
+        cost = summarize([r["epoch_time_s"] / r["records_in"] * 1e6 for r in eo])
+        base = base or (size, rps, cost)
+        rows.append(
+            [
+                f"{size:,}",
+                span(rps),
+                span(summarize([r["rps_wall"] for r in alo])),
+                ratio(ratio_summary([r["rps_wall"] for r in eo], [r["rps_wall"] for r in alo])),
+                n(cost.median, 1),
+                n(summarize([r["epoch_time_s"] / r["records_in"] * 1e6 for r in alo]).median, 1),
+                f"{base[0]:,}",
+                f"{rps.median / base[1].median:.2f}×",
+                f"{cost.median / base[2].median:.2f}×",
+            ]
+        )
+    out += table(
+        [
+            "max records per epoch",
+            "exactly-once records/s",
+            "at-least-once records/s",
+            "ratio EO/ALO",
+            "EO µs per record",
+            "ALO µs per record",
+            "baseline",
+            "ratio (EO records/s)",
+            "ratio (EO µs per record)",
+        ],
+        rows,
+    )
+    if len(eo_epochs) >= 3:
+        xs = [e["input_rows"] or 0 for e in eo_epochs]
+        a, b, r2 = line_fit(xs, [e["trigger_s"] for e in eo_epochs])
+        out += [
+            f"Line fit over {len(eo_epochs)} exactly-once epochs of these runs: epoch time ≈ **{a:.2f} s** fixed "
+            f"per epoch + **{b * 1e6:.1f} µs** per input record (r² = {r2:.2f}).",
+            "",
+        ]
+    return out
+
+
+def memory(results: dict[str, Any]) -> list[str]:
+    from bench.evaluate import memory_verdicts
+
+    section = results.get("memory")
+    out = ["## 6. Memory", ""]
+    problem = failed(section, "memory")
+    if problem:
+        return out + problem
+    out += [
+        f"The stateful pipeline as `python -m eos run`, 1 s trigger, {section['rate']:,} live events/s for "
+        f"{section['duration_s'] / 60:.0f} min ({section['epochs']} epochs), sampled every 2 s. Baseline: the peak "
+        "over the first third after a warm-up of a fifth of the run; ratio: the peak over the last third to it. "
+        "Flat = ratio ≤ 1.10. RSS of the driver and the JVM; for the Python workers the PSS sum (shared pages "
+        "counted once) and, beside it, the largest worker's RSS.",
+        "",
+    ]
+    rows = []
+    for v in memory_verdicts(section):
+        rows.append(
+            [
+                v["what"],
+                f"{v['baseline']:,.0f} MiB",
+                f"{v['peak']:,.0f} MiB",
+                f"{v['ratio']:.2f}×",
+                f"{v['slope']:+.1f}",
+                v["processes"],
+                "≤ 1.10×",
+                v["verdict"],
+            ]
+        )
+    return out + table(
+        [
+            "process",
+            "baseline (peak, first third)",
+            "peak (last third)",
+            "ratio",
+            "slope MiB/min (after warm-up)",
+            "processes",
+            "target",
+            "verdict",
+        ],
+        rows,
+    )
+
+
+def failpoints(results: dict[str, Any]) -> list[str]:
+    section = results.get("failpoints")
+    out = ["## 7. Failpoints, disarmed", ""]
+    problem = failed(section, "failpoints")
+    if problem:
+        return out + problem
+    t = section["timings_s"]
+    ratio_s, noise = section["ratio"], section["noise_ratio"]
+    band, within = noise_band(section)
+    out += [
+        f"`connectors.kafka_sink.write_slot` producing {section['records']:,} records through a real transactional "
+        "producer (begin, produce, ledger record, flush, vote on a real coordinator, commit) with eos's disarmed "
+        "`Failpoints.hit`, against the same with `hit` replaced by a no-op function (compiled out), alternated over "
+        f"{section['rounds']} rounds; a third run per round repeats the disarmed variant (A/A) to show the noise.",
+        "",
+    ]
+    out += table(
+        ["variant", "ms per slot-epoch, median [min–max]", "baseline", "ratio"],
+        [
+            ["disarmed `hit`", span(summarize([x * 1e3 for x in t["disarmed"]]), 1), "compiled out", ratio(ratio_s)],
+            ["compiled out (no-op)", span(summarize([x * 1e3 for x in t["compiled_out"]]), 1), "–", "–"],
+            [
+                "disarmed again (A/A)",
+                span(summarize([x * 1e3 for x in t["disarmed_again"]]), 1),
+                "disarmed",
+                ratio(noise),
+            ],
+        ],
+    )
+    per_epoch_ns = section["hit_ns"] * (section["hits_per_slot_epoch"] + section["hits_per_driver_epoch"])
+    out += [
+        f"One disarmed `hit()` costs **{section['hit_ns']} ns** (a call to a no-op function: {section['noop_call_ns']} "
+        f"ns; the difference is the `if not self.points` check). A slot makes {section['hits_per_slot_epoch']} hits "
+        f"per epoch and the driver {section['hits_per_driver_epoch']}: ≈ {per_epoch_ns / 1000:.2f} µs per epoch. "
+        f"Verdict: the disarmed/compiled-out ratio {ratio_s['median']:.3f}× lies "
+        f"{'inside' if within else 'OUTSIDE'} the A/A noise band 1 ± {band:.3f} (the farthest an A/A ratio strayed): "
+        f"**{'no difference beyond noise' if within else 'a difference beyond noise'}**.",
+        "",
+    ]
+    return out
+
+
+def _side_by_side(runs: dict[str, Any], label: str, key: str) -> list[list[str]]:
+    """Rows: the names under profiles[label][key] of every run; columns: the runs."""
+    names: list[str] = []
+    for run in runs.values():
+        for name, _ in run["profiles"].get(label, {}).get(key, []):
+            if name not in names:
+                names.append(name)
+    rows = []
+    for name in names:
+        cells = []
+        for run in runs.values():
+            found = dict(run["profiles"].get(label, {}).get(key, []))
+            cells.append(f"{found[name]}%" if name in found else "–")
+        rows.append([name, *cells])
+    return rows
+
+
+def profiles(results: dict[str, Any]) -> list[str]:
+    section = results.get("profile")
+    out = ["## Profiles", ""]
+    problem = failed(section, "profile")
+    if problem:
+        return out + problem
+    runs = section["runs"]
+    spark_runs = {k: v for k, v in runs.items() if k != RAW}
+    out += [
+        f"One stateless run of each configuration on a warm session ({section['input_records']:,} records, epochs "
+        f"of {section['epoch_records']:,}): py-spy (on-CPU samples, 50 Hz, `--nonblocking`) of the driver and of all "
+        "of Spark's Python workers, Java Flight Recorder (`settings=profile`) of the Spark JVM, and CPU seconds per "
+        "process from /proc. Profilers cost CPU too (`tools`), so these runs are slower than the measured ones. "
+        "Raw stacks and the .jfr files stay in the work folder with `python -m bench --keep`.",
+        "",
+        "**CPU seconds by process** during the run, and the run's wall time outside its epochs:",
+        "",
+    ]
+    classes = ("spark_jvm", "python_workers", "driver", "broker", "tools", "other")
+    rows = []
+    for config, run in runs.items():
+        cpu, spans = run["cpu"], run.get("spans", {})
+        rows.append(
+            [
+                config,
+                f"{run['wall_s']:.1f} s",
+                *[n(cpu.get(c, 0), 1) for c in classes],
+                n(spans.get("startup_s"), 1),
+                n(spans.get("teardown_s"), 1),
+            ]
+        )
+    out += table(
+        [
+            "configuration",
+            "wall",
+            "Spark JVM",
+            "Python workers",
+            "driver",
+            "broker",
+            "profilers",
+            "other",
+            "start-up s",
+            "after last epoch s",
+        ],
+        rows,
+    )
+    out += ["**Spark's Python workers**: share of on-CPU samples by step (innermost matching function):", ""]
+    out += table(["step", *spark_runs], _side_by_side(spark_runs, "workers", "steps"))
+    out += ["**Spark JVM** (JFR execution samples of Java threads) by step (innermost matching frame):", ""]
+    out += table(["step", *spark_runs], _side_by_side(spark_runs, "spark_jvm", "steps"))
+    out += ["**Spark JVM** by thread:", ""]
+    out += table(["thread", *spark_runs], _side_by_side(spark_runs, "spark_jvm", "threads"))
+    for config, run in runs.items():
+        out += [f"<details><summary>Top frames: {config}</summary>", ""]
+        for label, prof in run["profiles"].items():
+            if prof.get("samples"):
+                out += [f"{label} ({prof['samples']:,} samples), self time:", ""]
+                out += table(["function", "share"], [[f"`{f}`", f"{v}%"] for f, v in prof["self"][:10]])
+        out += ["</details>", ""]
+    return out
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = header(results) + summary(results)
+    for part in (throughput, latency, protocol, recovery, scaling, memory, failpoints, profiles):
+        lines += part(results)
+    lines += section_loads(results)
+    if NOTES.exists():
+        lines += ["", NOTES.read_text().rstrip(), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def section_loads(results: dict[str, Any]) -> list[str]:
+    rows = []
+    for name in (
+        "throughput",
+        "latency",
+        "protocol",
+        "scaling",
+        "recovery",
+        "memory",
+        "failpoints",
+        "producer",
+        "profile",
+    ):
+        meta = (results.get(name) or {}).get("_meta")
+        if meta:
+            rows.append([name, f"{meta['duration_s'] / 60:.1f} min", meta["load_before"], meta["load_after"]])
+    if not rows:
+        return []
+    return ["## Run log", "", *table(["section", "duration", "load average before", "after"], rows)]

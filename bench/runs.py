@@ -1,0 +1,96 @@
+"""One measured run of a pipeline in one configuration, on a given input.
+
+Configurations: eos exactly-once, eos at-least-once, Spark's built-in Kafka connector, the raw
+confluent-kafka loop (plain and transactional). Each run writes to a fresh output topic, which is
+counted (read_committed) after the clock stops and then dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.builtin import run_builtin
+from bench.context import Bench
+from bench.inputs import Input, count_records, delete_topics
+from bench.pipelines import config_for, run_eos, unique
+from bench.rawloop import run_loop
+from connectors.kafka_clients import admin_client, create_topic
+
+EO, ALO, BUILTIN, RAW, RAW_TXN = (
+    "eos exactly-once",
+    "eos at-least-once",
+    "Spark built-in Kafka",
+    "raw confluent-kafka loop",
+    "raw confluent-kafka loop, transactional",
+)
+CONFIGS = (EO, ALO, BUILTIN, RAW, RAW_TXN)
+SPARK_CONFIGS = (EO, ALO, BUILTIN)
+
+
+def measure(bench: Bench, pipeline: str, config: str, source: Input, epoch_records: int | None) -> dict[str, Any]:
+    """Run once; returns rates (records of input per second) and what the run did."""
+    slug = {EO: "eo", ALO: "alo", BUILTIN: "spark", RAW: "raw", RAW_TXN: "rawtxn"}[config]
+    name = unique(f"bench-{pipeline}-{slug}")
+    out_topic = f"{name}-out"
+    out_partitions = 4 if pipeline == "stateless" else 2
+    topics = [out_topic]
+    row: dict[str, Any] = {
+        "config": config,
+        "pipeline": pipeline,
+        "records_in": source.records,
+        "epoch_records": epoch_records,
+        "partitions": source.partitions,
+    }
+    if config in (EO, ALO, BUILTIN):
+        settings = config_for(
+            pipeline,
+            name=name,
+            bootstrap=bench.bootstrap,
+            topic=source.topic,
+            out_topic=out_topic,
+            checkpoint=bench.checkpoint(name),
+            mode="exactly-once" if config == EO else "at-least-once",
+            epoch_records=epoch_records,
+            out_partitions=out_partitions,
+        )
+        if config == BUILTIN:
+            create_topic(admin_client({"bootstrap.servers": bench.bootstrap}), out_topic, out_partitions)
+            run = run_builtin(
+                bench.spark,
+                settings,
+                bench.work,
+                bench.bootstrap,
+                out_topic,
+                bench.checkpoint(name),
+                epoch_records,
+                bench.broker_pid,
+            )
+        else:
+            run = run_eos(bench.spark, settings, bench.work, bench.broker_pid)
+            topics.append(f"eos-ledger-{name}")
+            row["fence_s"] = run.fence_s
+            row["aborted_attempts"] = len(run.aborted)
+        row.update(wall_s=run.wall_s, epoch_time_s=run.epoch_time_s, epochs=run.epochs, cpu=run.cpu, spans=run.spans)
+    else:
+        create_topic(admin_client({"bootstrap.servers": bench.bootstrap}), out_topic, out_partitions)
+        loop = run_loop(
+            bench.bootstrap,
+            source.topic,
+            out_topic,
+            pipeline,
+            bench.broker_pid,
+            transactional=config == RAW_TXN,
+            batch=epoch_records or 50_000,
+            txn_id=name,
+        )
+        row.update(wall_s=loop.wall_s, epoch_time_s=None, epochs=[], cpu=loop.cpu, transactions=loop.transactions)
+    row["records_out"] = count_records(bench.bootstrap, out_topic)
+    row["rps_wall"] = source.records / row["wall_s"]
+    row["rps_epochs"] = source.records / row["epoch_time_s"] if row.get("epoch_time_s") else None
+    delete_topics(bench.bootstrap, topics)
+    return row
+
+
+def brief(row: dict[str, Any]) -> str:
+    epochs = f", {len(row['epochs'])} epochs {row['epoch_time_s']:.1f}s" if row.get("epoch_time_s") else ""
+    return f"{row['rps_wall']:,.0f} rec/s (wall {row['wall_s']:.1f}s{epochs}; {row['records_out']:,} out)"

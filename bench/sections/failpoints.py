@@ -1,0 +1,133 @@
+"""Failpoints, disarmed, cost nothing measurable (issue 4).
+
+The sink slot path, connectors.kafka_sink.write_slot, produces N records through a real
+transactional producer (begin, produce, ledger record, flush, a real vote on a real
+coordinator, commit), once with eos's disarmed `Failpoints.hit` and once with `hit` replaced by
+a function that does nothing (the failpoints "compiled out"). Rounds alternate the order; a
+third run per round repeats the disarmed variant, so the A/A ratio shows how large the noise is.
+Plus the cost of one disarmed hit() in nanoseconds, and how many a slot makes per epoch.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import timeit
+from typing import Any
+
+from bench.context import Bench
+from bench.inputs import delete_topics
+from bench.stats import paired_ratios, summarize
+
+HITS_PER_SLOT_EPOCH = 4  # mid_produce (first batch), after_precommit, after_agreement, between_commits
+HITS_PER_DRIVER_EPOCH = 2  # epoch.after_offsets_logged, epoch.after_commit
+
+
+def _noop(self: Any, name: str, epoch: int | None = None, slot: int | None = None, attempt: int | None = None) -> None:
+    return None
+
+
+def _batches(bench: Bench, records: int) -> list[Any]:
+    import pyarrow as pa
+
+    from bench.inputs import encode_event, live_event
+    from connectors.kafka_source import HEADERS_TYPE
+    from eos.demo import EVENT_SCHEMA, avro_schema
+
+    schema, rng = avro_schema(EVENT_SCHEMA), random.Random(3)
+    events = [live_event(i, 3, 1_767_225_600_000 + i, rng) for i in range(records)]
+    keys = [e["event_id"].encode() for e in events]
+    values = [encode_event(e, schema) for e in events]
+    batches = []
+    for start in range(0, records, 10_000):  # Spark hands a slot Arrow batches of up to 10,000 rows
+        end = min(records, start + 10_000)
+        batches.append(
+            pa.RecordBatch.from_arrays(
+                [
+                    pa.array(["out"] * (end - start)),
+                    pa.array(keys[start:end], pa.binary()),
+                    pa.array(values[start:end], pa.binary()),
+                    pa.array([[]] * (end - start), HEADERS_TYPE()),
+                ],
+                names=["sink", "key", "value", "headers"],
+            )
+        )
+    return batches
+
+
+def run(bench: Bench) -> dict[str, Any]:
+    from connectors.kafka_clients import admin_client, create_topic
+    from connectors.kafka_sink import EpochPlan, SinkTarget, write_slot
+    from eos.coordinator import Coordinator
+    from eos.failpoints import DISARMED, Failpoints
+    from eos.ledger import ensure_ledger_topic
+
+    plan = bench.plan
+    client = {"bootstrap.servers": bench.bootstrap}
+    topic, ledger = f"bench-fp-{time.monotonic_ns()}", f"bench-fp-ledger-{time.monotonic_ns()}"
+    create_topic(admin_client(client), topic, 4)
+    ensure_ledger_topic(client, ledger)
+    target = SinkTarget("out", topic, client, f"{topic}-out")
+    batches = _batches(bench, plan.failpoint_records)
+    coordinator = Coordinator(bind_host="127.0.0.1", advertise_host="127.0.0.1")
+    owners: dict[str, str] = {}
+    epoch = 0
+
+    def slot_epoch() -> float:
+        nonlocal epoch
+        epoch += 1
+        epoch_plan = EpochPlan(
+            pipeline="bench-fp",
+            checkpoint_id="bench",
+            epoch=epoch,
+            attempt=1,
+            slots=1,
+            exactly_once=True,
+            targets={"out": target},
+            ledger_topic=ledger,
+            owners=dict(owners),
+            coordinator=coordinator.address,
+            timeout_s=60.0,
+        )
+        coordinator.open_attempt(epoch, 1, range(1), 60.0)
+        started = time.perf_counter()
+        report = write_slot(epoch_plan, 0, iter(batches))
+        elapsed = time.perf_counter() - started
+        coordinator.close_attempt(epoch, 1, "finished")
+        owners.update(report["tokens"])
+        return elapsed
+
+    original = Failpoints.hit
+    timings: dict[str, list[float]] = {"disarmed": [], "compiled_out": [], "disarmed_again": []}
+    try:
+        slot_epoch()  # warm-up: the producer's init_transactions, connections
+        for round_no in range(plan.failpoint_rounds):
+            order = ("disarmed", "compiled_out") if round_no % 2 == 0 else ("compiled_out", "disarmed")
+            for variant in (*order, "disarmed_again"):
+                Failpoints.hit = _noop if variant == "compiled_out" else original  # type: ignore[method-assign]
+                timings[variant].append(slot_epoch())
+            bench.say(
+                f"failpoints: round {round_no + 1}/{plan.failpoint_rounds}: disarmed "
+                f"{timings['disarmed'][-1] * 1e3:.0f} ms, compiled out {timings['compiled_out'][-1] * 1e3:.0f} ms "
+                f"({plan.failpoint_records:,} records)"
+            )
+    finally:
+        Failpoints.hit = original  # type: ignore[method-assign]
+        coordinator.close()
+        delete_topics(bench.bootstrap, [topic, ledger])
+    calls = 2_000_000
+    hit_ns = min(timeit.repeat(lambda: DISARMED.hit("sink.mid_produce", 1, 0, 1), number=calls, repeat=5)) / calls * 1e9
+    noop_ns = (
+        min(timeit.repeat(lambda: _noop(DISARMED, "sink.mid_produce", 1, 0, 1), number=calls, repeat=5)) / calls * 1e9
+    )
+    return {
+        "records": plan.failpoint_records,
+        "rounds": plan.failpoint_rounds,
+        "timings_s": timings,
+        "ratio": summarize(paired_ratios(timings["disarmed"], timings["compiled_out"])).to_dict(),
+        "noise_ratio": summarize(paired_ratios(timings["disarmed_again"], timings["disarmed"])).to_dict(),
+        "hit_ns": round(hit_ns, 1),
+        "noop_call_ns": round(noop_ns, 1),
+        "hits_per_slot_epoch": HITS_PER_SLOT_EPOCH,
+        "hits_per_driver_epoch": HITS_PER_DRIVER_EPOCH,
+    }

@@ -1,0 +1,63 @@
+"""1. Throughput: both pipelines in every configuration, on the same input, in paired rounds.
+
+Each round runs every configuration once, in an order rotated from round to round (so drift in
+the machine's load does not always favour the same one); ratios are taken within a round and the
+median is over rounds. A warm-up run of each Spark configuration comes first and is discarded
+(Python workers start, the JVM compiles).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.context import Bench
+from bench.perftools import consumer_perf, producer_perf
+from bench.runs import BUILTIN, CONFIGS, EO, brief, measure
+from bench.stats import summarize
+
+PIPELINES = ("stateless", "stateful")
+
+
+def run(bench: Bench) -> dict[str, Any]:
+    plan = bench.plan
+    source = bench.input(plan.events, plan.partitions)
+    warm = bench.input(plan.warmup_events, plan.partitions)
+    for pipeline in PIPELINES:
+        for config in (EO, BUILTIN):
+            bench.say(f"warm-up: {pipeline} {config} on {warm.records:,} records (discarded)")
+            measure(bench, pipeline, config, warm, plan.epoch_records)
+    result: dict[str, Any] = {"input": source.__dict__, "epoch_records": plan.epoch_records, "pipelines": {}}
+    for pipeline in PIPELINES:
+        runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
+        for round_no in range(plan.rounds):
+            order = CONFIGS[round_no % len(CONFIGS) :] + CONFIGS[: round_no % len(CONFIGS)]
+            for config in order:
+                bench.say(f"{pipeline}: round {round_no + 1}/{plan.rounds}: {config} ...")
+                row = measure(bench, pipeline, config, source, plan.epoch_records)
+                row["round"] = round_no
+                runs[config].append(row)
+                bench.say(f"{pipeline}: round {round_no + 1}/{plan.rounds}: {config}: {brief(row)}")
+        result["pipelines"][pipeline] = {"runs": runs}
+    result["perf"] = perf_tools(bench, source.value_bytes_mean)
+    return result
+
+
+def perf_tools(bench: Bench, record_size: float) -> dict[str, Any]:
+    plan = bench.plan
+    producer, consumer = [], []
+    for round_no in range(plan.rounds):
+        topic = f"bench-perf-{round_no}"
+        bench.say(f"perf tools: round {round_no + 1}/{plan.rounds}: ProducerPerformance {plan.perf_records:,} records")
+        producer.append(producer_perf(bench.bootstrap, topic, plan.partitions, plan.perf_records, round(record_size)))
+        bench.say(f"perf tools: round {round_no + 1}/{plan.rounds}: ConsumerPerformance {plan.perf_records:,} records")
+        consumer.append(consumer_perf(bench.bootstrap, topic, plan.perf_records))
+        bench.say(f"perf tools: producer {producer[-1]:,.0f} rec/s, consumer {consumer[-1]:,.0f} rec/s")
+    return {
+        "records": plan.perf_records,
+        "record_size": round(record_size),
+        "producer_rps": producer,
+        "consumer_rps": consumer,
+        "producer": summarize(producer).to_dict(),
+        "consumer": summarize(consumer).to_dict(),
+        "ceiling_rps": [min(p, c) for p, c in zip(producer, consumer, strict=True)],
+    }

@@ -1,0 +1,88 @@
+"""Small statistics for noisy measurements: medians, spreads, percentiles, paired ratios, a line fit.
+
+Every figure in the report is a ratio against a baseline measured in the same run. Rounds are
+paired: round r measures the configuration and its baseline back to back, so the ratio of round
+r is taken first and the median is taken over rounds (a slow minute hurts both sides of a pair).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Median and spread of a few runs."""
+
+    median: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def spread_pct(self) -> float:
+        """(max - min) / median, in percent: how much the runs disagree."""
+        return 100.0 * (self.high - self.low) / self.median if self.median else 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {**asdict(self), "spread_pct": round(self.spread_pct, 1)}
+
+
+def summarize(values: Sequence[float]) -> Summary:
+    clean = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    if not clean:
+        return Summary(math.nan, math.nan, math.nan, 0)
+    return Summary(statistics.median(clean), min(clean), max(clean), len(clean))
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), linear interpolation between closest ranks."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    if len(ordered) == 1:
+        return ordered[0]
+    rank = (len(ordered) - 1) * q / 100.0
+    below = math.floor(rank)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (rank - below)
+
+
+def paired_ratios(values: Sequence[float], baselines: Sequence[float]) -> list[float]:
+    """Round-by-round ratios value/baseline (rounds where either is missing are dropped)."""
+    ratios = []
+    for value, base in zip(values, baselines, strict=False):
+        if value is None or base is None or not base or math.isnan(value) or math.isnan(base):
+            continue
+        ratios.append(value / base)
+    return ratios
+
+
+def ratio_summary(values: Sequence[float], baselines: Sequence[float]) -> Summary:
+    return summarize(paired_ratios(values, baselines))
+
+
+def line_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
+    """Least squares y = a + b x; returns (a, b, r^2)."""
+    n = len(xs)
+    if n < 2:
+        return math.nan, math.nan, math.nan
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return my, math.nan, math.nan
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    a = my - b * mx
+    ss_tot = sum((y - my) ** 2 for y in ys)
+    ss_res = sum((y - (a + b * x)) ** 2 for x, y in zip(xs, ys, strict=True))
+    return a, b, (1 - ss_res / ss_tot) if ss_tot else 1.0
+
+
+def verdict(ratio: float, target: float, higher_is_better: bool = True) -> str:
+    if math.isnan(ratio):
+        return "n/a"
+    ok = ratio >= target if higher_is_better else ratio <= target
+    return "met" if ok else "MISSED"

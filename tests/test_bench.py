@@ -1,0 +1,90 @@
+"""The benchmark harness (bench/) works: its cheap parts run for real against the test broker,
+and their measured results render into the report. The full benchmark (`python -m bench`, about an
+hour) and its quick mode (Spark runs, minutes) are not run here."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from bench import cli, report
+from bench.context import QUICK, Bench
+from bench.env import Progress, machine
+from bench.evaluate import targets
+from bench.inputs import count_records, expected_stateless_out, make_input
+from bench.rawloop import run_loop
+from bench.sections import failpoints
+from bench.stats import paired_ratios, percentile, ratio_summary, summarize
+from connectors.kafka_clients import admin_client, create_topic
+
+
+def test_statistics_on_measured_timings() -> None:
+    """Medians, spreads and paired ratios of real timings (a busy loop of two sizes)."""
+
+    def timed(n: int) -> float:
+        started = time.perf_counter()
+        sum(i * i for i in range(n))
+        return time.perf_counter() - started
+
+    small = [timed(20_000) for _ in range(5)]
+    large = [timed(80_000) for _ in range(5)]
+    s = summarize(large)
+    assert s.n == 5 and s.low <= s.median <= s.high
+    ratios = paired_ratios(large, small)
+    assert len(ratios) == 5 and all(r > 0 for r in ratios)
+    assert ratio_summary(large, small).median == pytest.approx(sorted(ratios)[2])
+    assert percentile(large, 0) == min(large) and percentile(large, 100) == max(large)
+    assert summarize([]).n == 0
+
+
+def test_raw_loops_are_correct_baselines(bootstrap: str, unique_name, tmp_path: Path) -> None:
+    """The raw confluent-kafka loops (the Python ceiling) output what the pipelines must output."""
+    source = make_input(bootstrap, unique_name("bench-in"), 2, 2_000)
+    admin = admin_client({"bootstrap.servers": bootstrap})
+    stateless_out, stateful_out = unique_name("bench-out"), unique_name("bench-out")
+    create_topic(admin, stateless_out, 2)
+    create_topic(admin, stateful_out, 2)
+    plain = run_loop(bootstrap, source.topic, stateless_out, "stateless", None)
+    assert plain.records_in == source.records
+    assert (
+        plain.records_out == count_records(bootstrap, stateless_out) == expected_stateless_out(bootstrap, source.topic)
+    )
+    transactional = run_loop(bootstrap, source.topic, stateful_out, "stateful", None, transactional=True, batch=500,
+                             txn_id=unique_name("bench-txn"))  # fmt: skip
+    assert transactional.transactions >= 1
+    # Every campaign-minute window of the ground truth, each once.
+    assert count_records(bootstrap, stateful_out) == source.windows_expected
+
+
+def test_failpoints_section_runs_and_renders(bootstrap: str, tmp_path: Path, monkeypatch) -> None:
+    """The quick failpoints section on a real transactional producer, then the report from it."""
+    plan = dataclasses.replace(QUICK, failpoint_rounds=2, failpoint_records=2_000)
+    bench = Bench(plan, bootstrap, None, None, tmp_path, tmp_path, Progress({}))
+    result = failpoints.run(bench)
+    assert len(result["timings_s"]["disarmed"]) == len(result["timings_s"]["compiled_out"]) == 2
+    assert all(t > 0 for ts in result["timings_s"].values() for t in ts)
+    assert result["ratio"]["n"] == 2 and result["ratio"]["median"] > 0
+    assert 0 < result["hit_ns"] < 10_000
+
+    results = {
+        "meta": {
+            "date": "now", "command": "pytest", "quick": True, "duration_s": 1.0, "machine": machine(),
+            "java": "java", "load": {"skipped": True, "load_at_start": 0.0},
+            "spark_kafka": {"version": "x", "token_provider": "x", "pyspark": "x", "jars": []},
+        },
+        "failpoints": result,
+    }  # fmt: skip
+    rows = [r for r in targets(results) if r["name"].startswith("failpoints")]
+    assert len(rows) == 1 and rows[0]["verdict"] in ("met", "MISSED")
+    saved = tmp_path / "results.json"
+    saved.write_text(json.dumps(results))
+    out = tmp_path / "BENCHMARKS.md"
+    assert cli.main(["--render", str(saved), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert f"{result['hit_ns']} ns" in text
+    assert "## 7. Failpoints, disarmed" in text and "_Not run in this invocation" in text
+    assert report.render(results) == text
