@@ -734,17 +734,9 @@ def render(results: dict[str, Any]) -> str:
 
 def section_loads(results: dict[str, Any]) -> list[str]:
     rows = []
-    for name in (
-        "throughput",
-        "latency",
-        "protocol",
-        "scaling",
-        "recovery",
-        "memory",
-        "failpoints",
-        "producer",
-        "profile",
-    ):
+    from bench.cli import SECTIONS
+
+    for name in SECTIONS:
         meta = (results.get(name) or {}).get("_meta")
         if meta:
             rows.append([name, f"{meta['duration_s'] / 60:.1f} min", meta["load_before"], meta["load_after"]])

@@ -72,3 +72,42 @@ def read_all(bootstrap: str, topic: str, isolation: str = "read_committed") -> l
     finally:
         reader.close()
     return messages
+
+
+def independent_committed_values(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[str]:
+    """The committed values of `topic`, read by a second reader that shares no code with eos
+    (`eos verify` included): a plain confluent-kafka group consumer, read_committed, subscribed
+    from the earliest offset until every partition reports end of partition."""
+    import time
+    import uuid
+
+    from confluent_kafka import Consumer, KafkaError
+
+    reader = Consumer({
+        "bootstrap.servers": bootstrap,
+        "group.id": f"independent-{uuid.uuid4().hex}",
+        "isolation.level": "read_committed",
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+    })  # fmt: skip
+    try:
+        partitions = set(reader.list_topics(topic, timeout=10).topics[topic].partitions)
+        reader.subscribe([topic])
+        values: list[str] = []
+        at_end: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        while at_end != partitions:
+            assert time.monotonic() < deadline, f"{topic}: no end of partition for {partitions - at_end}"
+            message = reader.poll(1.0)
+            if message is None:
+                continue
+            if message.error():
+                assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
+                at_end.add(message.partition())
+                continue
+            at_end.discard(message.partition())
+            values.append(message.value().decode())
+        return values
+    finally:
+        reader.close()

@@ -9,6 +9,7 @@ process group (driver, Spark JVM, Python workers) at a named failpoint.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from tests.pipelines import (
     produce_numbered,
     write_pipeline,
 )
+from tests.support import independent_committed_values
 
 PROTOCOL_POINTS = [p for p in POINTS if p != "source.read"]
 # Points reached after the slots' records are in the log: a crash there leaves aborted records
@@ -46,9 +48,10 @@ def eos_verify(*args: str) -> dict:
     return report
 
 
-def crash_and_recover(bootstrap, new_topic, unique_name, tmp_path, point: str, mode: str) -> dict:
+def crash_and_recover(bootstrap, new_topic, unique_name, tmp_path, point: str, mode: str) -> tuple[dict, list, list]:
+    """`eos verify`'s report, the input values, and the output as a second, independent reader sees it."""
     source, sink = new_topic(partitions=2), new_topic(partitions=2)
-    produce_numbered(bootstrap, source, 0, 900)
+    sent = produce_numbered(bootstrap, source, 0, 900)
     config = passthrough_pipeline(
         unique_name("p"), bootstrap, source, sink, tmp_path / "ck", mode=mode, max_records_per_epoch=400
     )
@@ -57,14 +60,16 @@ def crash_and_recover(bootstrap, new_topic, unique_name, tmp_path, point: str, m
     assert crashed.killed, f"the failpoint {point} did not fire:\n{crashed.output[-3000:]}"
     assert f"kill -9 at {point}" in crashed.output
     run_until_done(path)
-    return eos_verify("--bootstrap", bootstrap, "--input", source, "--output", sink)
+    report = eos_verify("--bootstrap", bootstrap, "--input", source, "--output", sink)
+    return report, sent, independent_committed_values(bootstrap, sink)
 
 
 @pytest.mark.parametrize("point", PROTOCOL_POINTS)
 def test_exactly_once_through_a_crash_at(point, bootstrap, new_topic, unique_name, tmp_path):
-    report = crash_and_recover(bootstrap, new_topic, unique_name, tmp_path, point, "exactly-once")
+    report, sent, seen = crash_and_recover(bootstrap, new_topic, unique_name, tmp_path, point, "exactly-once")
     assert report["ok"], report
     assert (report["lost"], report["duplicated"], report["unexpected"]) == (0, 0, 0)
+    assert sorted(seen) == sorted(sent)  # the second reader agrees
     assert report["output_records"] == report["input_records"] == 900
     if point in AFTER_WRITE - {"epoch.after_commit"}:
         assert report["aborted_records_seen"] > 0, "the crash left no aborted records: did it hit mid-epoch?"
@@ -74,8 +79,10 @@ def test_exactly_once_through_a_crash_at(point, bootstrap, new_topic, unique_nam
 def test_negative_control_at_least_once_duplicates_are_caught(point, bootstrap, new_topic, unique_name, tmp_path):
     """The same crash without the protocol: a replay writes again what was already visible, and
     the verifier must say so. If this passed silently, the verifier could not fail."""
-    report = crash_and_recover(bootstrap, new_topic, unique_name, tmp_path, point, "at-least-once")
+    report, sent, seen = crash_and_recover(bootstrap, new_topic, unique_name, tmp_path, point, "at-least-once")
     assert report["lost"] == 0  # at-least-once never loses
+    # The second reader agrees on which records came out more than once.
+    assert sum(n > 1 for n in Counter(seen).values()) == report["duplicated"] and set(seen) == set(sent), report
     if point in AFTER_WRITE:
         assert not report["ok"] and report["duplicated"] > 0, report
         assert report["examples"]["duplicated"], report
