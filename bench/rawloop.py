@@ -17,7 +17,6 @@ per micro-batch) passes its end, and drop events older than the watermark.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import io
 import os
@@ -27,6 +26,8 @@ from typing import Any
 
 from bench.procs import CpuMeter
 from connectors.kafka_clients import admin_client, consumer, describe_partitions, end_offsets, producer
+from connectors.kafka_sink import PRODUCER_BATCHING, produce_pairs
+from connectors.range_reader import FETCH_TUNING
 from eos.demo import EVENT_SCHEMA, OUTPUT_SCHEMA
 from eos.paths import schemas_dir
 
@@ -147,22 +148,6 @@ class _Stateful:
         return self._emit()
 
 
-def _produce(out: Any, topic: str, rows: list[tuple[bytes, bytes]]) -> None:
-    pending = [{"key": k, "value": v} for k, v in rows]
-    while pending:
-        with contextlib.suppress(BufferError):
-            out.produce_batch(topic, pending)
-        failed = [m for m in pending if "_error" in m]
-        for m in failed:
-            error = m.pop("_error")
-            if "QUEUE_FULL" not in str(error) and "Queue full" not in str(error):
-                raise RuntimeError(f"producing to {topic} failed: {error}")
-        pending = failed
-        if pending:
-            out.poll(0.05)
-    out.poll(0)
-
-
 def run_loop(
     bootstrap: str,
     topic: str,
@@ -189,19 +174,10 @@ def run_loop(
         **{
             "group.id": group,
             "isolation.level": "read_committed",
-            "fetch.max.bytes": 64 * 1024 * 1024,
-            "max.partition.fetch.bytes": 16 * 1024 * 1024,
-            "queued.max.messages.kbytes": 256 * 1024,
-            "fetch.wait.max.ms": 50,
+            **FETCH_TUNING,
         },
     )
-    settings = {
-        **client,
-        "linger.ms": 5,
-        "batch.size": 1_000_000,
-        "queue.buffering.max.messages": 1_000_000,
-        "compression.type": "lz4",
-    }
+    settings = {**client, **PRODUCER_BATCHING}
     if transactional:
         out = producer({**settings, "transactional.id": txn_id})
         out.init_transactions(60)
@@ -228,7 +204,7 @@ def run_loop(
             rows = logic.process(decoded)
             if not remaining:
                 rows += logic.finish()
-            _produce(out, out_topic, rows)
+            produce_pairs(out, out_topic, rows)
             records_out += len(rows)
             in_txn += len(decoded)
             if transactional and (in_txn >= batch or not remaining):

@@ -39,7 +39,7 @@ from connectors.kafka_clients import (
     end_offsets,
     start_offsets,
 )
-from connectors.range_reader import RangeReadError, read_range
+from connectors.range_reader import FETCH_TUNING, RangeReadError, read_range
 from eos.failpoints import Failpoints
 from eos.failpoints import parse as parse_failpoints
 
@@ -133,10 +133,7 @@ def _cached_consumer(options: SourceOptions):
                 "isolation.level": "read_committed" if options.read_committed else "read_uncommitted",
                 "enable.partition.eof": True,
                 "auto.offset.reset": "error",
-                "fetch.max.bytes": 64 * 1024 * 1024,
-                "max.partition.fetch.bytes": 16 * 1024 * 1024,
-                "queued.max.messages.kbytes": 256 * 1024,
-                "fetch.wait.max.ms": 50,
+                **FETCH_TUNING,
             },
         )
     return _consumers[key]

@@ -11,6 +11,15 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+# Fetch sizes for reading whole ranges fast (the source's consumers, and the raw-loop benchmark
+# baseline): big fetches, a deep queue, a short wait for more data.
+FETCH_TUNING: dict[str, Any] = {
+    "fetch.max.bytes": 64 * 1024 * 1024,
+    "max.partition.fetch.bytes": 16 * 1024 * 1024,
+    "queued.max.messages.kbytes": 256 * 1024,
+    "fetch.wait.max.ms": 50,
+}
+
 
 class RangeReadError(Exception):
     """Reading a planned range failed: out of range (retention), stalled, or a broker error."""
