@@ -331,47 +331,47 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 class PlanBook:
     """The plan one branch of a config source made for an epoch, offered to the other branch
-    (one small JSON file per run; both branches live in the driver and are asked in turn)."""
+    (one small JSON file per run; both branches live in the driver and are asked in turn).
+    Read once when opened: open one per latestOffset call."""
 
     def __init__(self, folder: Path, run_id: str):
         self.folder, self.path = folder, folder / f"{run_id}.json"
-
-    def _load(self) -> dict:
         try:
-            return json.loads(self.path.read_text())
+            self.book: dict = json.loads(self.path.read_text())
         except FileNotFoundError:
-            return {}
+            self.book = {}
 
-    def _save(self, book: dict) -> None:
+    def _save(self) -> None:
+        first = not self.path.exists()
         self.folder.mkdir(parents=True, exist_ok=True)
         staging = self.folder / f".{os.getpid()}.tmp"
-        staging.write_text(json.dumps(book, sort_keys=True))
+        staging.write_text(json.dumps(self.book, sort_keys=True))
         os.replace(staging, self.path)
+        if first:  # a new run: earlier runs' files are never read again
+            runs = sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+            for old in runs[:-8]:
+                old.unlink(missing_ok=True)
 
     def offer(self, start: dict, end: dict, role: str) -> None:
         """Record `role`'s plan start -> end for the other branch to take once."""
-        book = self._load()
-        book.update(start=start, end=end, by=role, taken=False)
+        self.book.update(start=start, end=end, by=role, taken=False)
         if role == "leader":
-            book["leader_end"] = end
-        self._save(book)
-        runs = sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
-        for old in runs[:-8]:  # earlier runs' files are never read again
-            old.unlink(missing_ok=True)
+            self.book["leader_end"] = end
+        self._save()
 
     def take(self, start: dict, role: str) -> dict | None:
         """The other branch's untaken plan from the same start, marked taken; else None."""
-        book = self._load()
+        book = self.book
         if not book or book["taken"] or book["by"] == role or book["start"] != start:
             return None
         book["taken"] = True
         if role == "leader":
             book["leader_end"] = book["end"]
-        self._save(book)
+        self._save()
         return book["end"]
 
     def leader_end(self) -> dict | None:
-        return self._load().get("leader_end")
+        return self.book.get("leader_end")
 
 
 class KafkaSource(DataSource):

@@ -90,16 +90,16 @@ def test_both_branches_plan_the_same_epoch_whichever_spark_asks_first(tmp_path, 
     from connectors.kafka_source import PlanBook
 
     rng = random.Random(seed)
-    book = PlanBook(tmp_path, "run")
     start = {"leader": encode({("t", 0): 0}), "follower": encode({("t", 0): 0})}
     latest = 0
     for _ in range(40):
         latest += rng.choice([0, 0, 7, 100])  # some triggers find no new data
         for role in rng.sample(["leader", "follower"], 2):
+            book = PlanBook(tmp_path, "run")  # opened per call, as latestOffset does
             end = book.take(start[role], role)
             if end is None:
                 end = encode({("t", 0): min(latest, decode(start[role])[("t", 0)] + 50)})
                 book.offer(start[role], end, role)
             start[role] = end  # Spark runs the epoch and the end becomes the next start
         assert start["leader"] == start["follower"]
-        assert book.leader_end() == start["leader"]
+        assert PlanBook(tmp_path, "run").leader_end() == start["leader"]
