@@ -71,6 +71,14 @@ class Checkpoint:
         ids = self._batch_ids("commits")
         return ids[-1] if ids else None
 
+    def pending_replay(self) -> int | None:
+        """The epoch logged but not marked committed, which Spark replays first (with its logged
+        offsets) on the next start; None if there is none."""
+        logged, committed = self.last_logged_epoch(), self.last_committed_epoch()
+        if logged is not None and (committed is None or committed < logged):
+            return logged
+        return None
+
     def logged_offsets(self, epoch: int) -> list[dict[str, Any]]:
         """The end offsets Spark logged for an epoch, one dict per source (in plan order)."""
         path = self.root / "offsets" / str(epoch)

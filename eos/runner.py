@@ -331,9 +331,9 @@ def publish_committed_offsets(config: PipelineConfig, checkpoint: Checkpoint) ->
 
 
 def _pending_replay(checkpoint: Checkpoint) -> str | None:
-    logged, committed = checkpoint.last_logged_epoch(), checkpoint.last_committed_epoch()
-    if logged is not None and (committed is None or committed < logged):
-        return f"epoch {logged} was logged but not marked committed: Spark replays it with the same offsets"
+    epoch = checkpoint.pending_replay()
+    if epoch is not None:
+        return f"epoch {epoch} was logged but not marked committed: Spark replays it with the same offsets"
     return None
 
 

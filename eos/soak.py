@@ -161,13 +161,10 @@ class Soak:
         """An epoch this run will reach: the replayed one (a crash during recovery), or one of
         the chunk's new epochs."""
         checkpoint = Checkpoint(str(self.workdir / "checkpoint"))
-        logged, committed = checkpoint.last_logged_epoch(), checkpoint.last_committed_epoch()
-        if logged is None:
-            first = 0
-        elif committed is None or committed < logged:
-            first = logged  # Spark replays it first
-        else:
-            first = logged + 1
+        first = checkpoint.pending_replay()
+        if first is None:
+            logged = checkpoint.last_logged_epoch()
+            first = 0 if logged is None else logged + 1
         return first + self.rng.randrange(0, max(1, self.chunk // MAX_PER_EPOCH))
 
     def run_once(self, path: Path, fault: str, point: str = "") -> tuple[int, bool]:

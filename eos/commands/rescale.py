@@ -29,10 +29,10 @@ def cmd_rescale(args: argparse.Namespace) -> int:
         if meta is None:
             raise CheckpointError(f"{checkpoint.root} has no eos checkpoint yet: just set epochs.slots")
         checkpoint.check_owner(meta, config.name)
-        logged, committed = checkpoint.last_logged_epoch(), checkpoint.last_committed_epoch()
-        if logged is not None and (committed is None or committed < logged):
+        pending = checkpoint.pending_replay()
+        if pending is not None:
             raise CheckpointError(
-                f"epoch {logged} is logged but not committed, so it will be replayed with the current routing; "
+                f"epoch {pending} is logged but not committed, so it will be replayed with the current routing; "
                 f"rescaling now could duplicate or lose its output. Run the pipeline once more (for example "
                 f"`eos run {args.pipeline} --trigger available-now`), then rescale."
             )
