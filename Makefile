@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export EOS_HOME ?= $(CURDIR)/.eos
 
-.PHONY: demo test lint bench install clean
+.PHONY: demo stop test lint bench install clean
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ install: $(VENV)/.installed
 
 demo: install
 	$(BIN)/eos demo
+
+# The demo's broker lives under $(EOS_HOME), so stop it from here (or with EOS_HOME=.eos).
+stop: install
+	$(BIN)/eos kafka stop
 
 lint: install
 	$(BIN)/ruff check .
