@@ -3,7 +3,7 @@ PySpark user would otherwise pick. At-least-once only (Spark's Kafka sink has no
 
 The transform code is eos's own, so the comparison is about the connectors and the protocol,
 not about the Avro codec: the same fastavro `arrow_udf`s decode and encode
-(connectors.formats.decode_source / encode_sink; spark-avro is not used), the same SQL and the
+(eos_connectors.formats.decode_source / encode_sink; spark-avro is not used), the same SQL and the
 same Python transform run, and the source reads `read_committed` like eos's. What differs is
 only what a connector does: Spark reads with its Kafka consumer and writes from the JVM with
 Kafka's Java producer in the same stage, with no shuffle to sink slots.
@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from eos_connectors.formats import decode_source, encode_sink, source_view, split_poison
 
 from bench.pipelines import PLAN_KEYS, run_spans
 from bench.procs import CpuMeter
-from connectors.formats import decode_source, encode_sink, source_view, split_poison
 from eos.config import pipeline_from_yaml
 from eos.pipeline import load_function
 from eos.yamlsource import parse_yaml

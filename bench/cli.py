@@ -92,9 +92,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, sections: tuple[str, ...], json_path: Path) -> dict[str, Any]:
+    from eos_ops.localkafka import LocalBroker, fetch_jars, free_port
+
     from bench.connector import connector_jars
     from bench.context import FULL, QUICK, Bench, remove, work_dir
-    from eos.localkafka import LocalBroker, fetch_jars, free_port
     from eos.sparksession import build_spark
 
     plan = QUICK if args.quick else FULL

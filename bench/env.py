@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 def preflight() -> dict[str, str]:
     """Java 17+ and Maven are needed (the broker, the perf tools and Spark's Kafka connector are
     Java); say so clearly before anything starts."""
-    from eos.localkafka import find_java
+    from eos_ops.localkafka import find_java
 
     java = find_java()  # raises EnvironmentProblem with a hint when missing or too old
     mvn = shutil.which("mvn")
@@ -46,8 +46,7 @@ def py_spy() -> str:
 def machine() -> dict[str, object]:
     import confluent_kafka
     import pyspark
-
-    from eos.localkafka import kafka_version
+    from eos_ops.localkafka import kafka_version
 
     cpu = "unknown"
     try:

@@ -1,6 +1,6 @@
 """The benchmark's input, generated on the local broker, and counting what came out.
 
-The input is the demo's ad events (eos.demo.generate_events: Avro `AdEvent`, 8% duplicates,
+The input is the demo's ad events (eos_ops.demo.generate_events: Avro `AdEvent`, 8% duplicates,
 5% late, a heartbeat at the end that closes every window), keyed by event_id so every
 partition gets the same share. Both pipelines read the same topic, and every configuration
 of a row reads the same records.
@@ -16,9 +16,17 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from connectors.kafka_clients import admin_client, consumer, create_topic, describe_partitions, end_offsets, producer
-from connectors.range_reader import read_range
-from eos.demo import EVENT_SCHEMA, avro_schema, generate_events
+from eos_connectors.kafka.clients import (
+    admin_client,
+    consumer,
+    create_topic,
+    describe_partitions,
+    end_offsets,
+    producer,
+)
+from eos_connectors.kafka.range_reader import read_range
+from eos_ops.demo import EVENT_SCHEMA, avro_schema, generate_events
+
 from eos.errors import EnvironmentProblem
 from eos.paths import schemas_dir
 

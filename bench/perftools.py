@@ -15,8 +15,9 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+from eos_ops.localkafka import find_java, java_classpath
+
 from eos.errors import EnvironmentProblem
-from eos.localkafka import find_java, java_classpath
 
 
 @dataclass
@@ -40,7 +41,7 @@ def _run(args: list[str], timeout: float) -> str:
 
 def producer_perf(bootstrap: str, topic: str, partitions: int, records: int, record_size: int) -> float:
     """Records/s of ProducerPerformance (its final summary line), into a new topic."""
-    from connectors.kafka_clients import admin_client, create_topic
+    from eos_connectors.kafka.clients import admin_client, create_topic
 
     create_topic(admin_client({"bootstrap.servers": bootstrap}), topic, partitions)
     out = _run(

@@ -24,7 +24,7 @@ import yaml
 from bench.procs import CpuMeter
 from eos.config import pipeline_from_yaml
 from eos.paths import examples_dir
-from eos.protocol import EpochListener, EpochReport, RecoveryReport
+from eos.protocol.committer import EpochListener, EpochReport, RecoveryReport
 from eos.yamlsource import parse_yaml
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -33,7 +33,7 @@ STATELESS_SQL = (
     "SELECT event_id, campaign_id, CAST(event_type AS STRING) AS event_type, event_time FROM events "
     "WHERE event_type <> 'heartbeat' AND campaign_id <> 'campaign-00'"
 )
-# Spark durationMs keys before the sink job starts (as eos.metrics.PLAN_KEYS).
+# Spark durationMs keys before the sink job starts (as eos.observe.metrics.PLAN_KEYS).
 PLAN_KEYS = ("latestOffset", "getBatch", "queryPlanning", "walCommit")
 
 

@@ -25,8 +25,8 @@ from bench.stats import percentile
 
 
 def produce(args: argparse.Namespace, expected: dict[str, int], stop: threading.Event, stats: dict[str, Any]) -> None:
-    from connectors.kafka_clients import producer
-    from eos.demo import EVENT_SCHEMA, avro_schema
+    from eos_connectors.kafka.clients import producer
+    from eos_ops.demo import EVENT_SCHEMA, avro_schema
 
     schema = avro_schema(EVENT_SCHEMA)
     out = producer({"bootstrap.servers": args.bootstrap, "enable.idempotence": True, "linger.ms": 5})
@@ -62,9 +62,8 @@ def produce(args: argparse.Namespace, expected: dict[str, int], stop: threading.
 
 def probe(args: argparse.Namespace, expected: dict[str, int], seen: dict[str, int], stop: threading.Event) -> None:
     from confluent_kafka import TopicPartition
+    from eos_connectors.kafka.clients import consumer
     from fastavro import schemaless_reader
-
-    from connectors.kafka_clients import consumer
 
     schema = _parse(VIEW_SCHEMA_FILE)
     reader = consumer(

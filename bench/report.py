@@ -611,7 +611,7 @@ def failpoints(results: dict[str, Any]) -> list[str]:
     ratio_s, noise = section["ratio"], section["noise_ratio"]
     band, within = noise_band(section)
     out += [
-        f"`connectors.kafka_sink.write_slot` producing {section['records']:,} records through a real transactional "
+        f"`eos_connectors.kafka.sink.write_slot` producing {section['records']:,} records through a real transactional "
         "producer (begin, produce, ledger record, flush, vote on a real coordinator, commit) with eos's disarmed "
         "`Failpoints.hit`, against the same with `hit` replaced by a no-op function (compiled out), alternated over "
         f"{section['rounds']} rounds; a third run per round repeats the disarmed variant (A/A) to show the noise.",

@@ -1,5 +1,7 @@
-"""The `eos` command line. Subcommands live in eos/commands/ (one module per command group, each
-with a `register(subparsers)` function); heavy imports happen inside the handlers."""
+"""The `eos` command line. The core's own subcommands (`run`, `validate`) live in eos/commands/;
+the operational tools (status, verify, soak, demo, ...) register theirs as entry points of the
+group `eos.commands`, so the core never imports them. Each command module has a
+`register(subparsers)` function; heavy imports happen inside the handlers."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import logging
 import os
 import pkgutil
 import sys
+from importlib.metadata import entry_points
 
 import eos.commands
 from eos import __version__
@@ -23,8 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"eos {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="show Kafka client and Spark warnings")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in sorted(m.name for m in pkgutil.iter_modules(eos.commands.__path__)):
-        importlib.import_module(f"eos.commands.{module}").register(sub)
+    modules = [f"eos.commands.{m.name}" for m in pkgutil.iter_modules(eos.commands.__path__)]
+    modules += [entry.value for entry in entry_points(group="eos.commands")]
+    for module in sorted(modules, key=lambda name: name.rsplit(".", 1)[-1]):
+        importlib.import_module(module).register(sub)
     return parser
 
 

@@ -14,14 +14,15 @@ from functools import reduce
 from pathlib import Path
 from typing import Any
 
-from connectors.formats import decode_source, encode_sink, poison_sink_name, source_view, split_poison
-from connectors.kafka_clients import only_connection_settings
-from connectors.kafka_sink import SinkTarget
-from connectors.kafka_source import FORMAT_NAME, KafkaSource, SourceOptions
-from eos.checkpoint import Checkpoint, CheckpointMeta
+from eos_connectors.formats import decode_source, encode_sink, poison_sink_name, source_view, split_poison
+from eos_connectors.kafka.clients import only_connection_settings
+from eos_connectors.kafka.sink import SinkTarget
+from eos_connectors.kafka.source import FORMAT_NAME, KafkaSource, SourceOptions
+
 from eos.config import KafkaSinkConfig, KafkaSourceConfig, PipelineConfig
 from eos.errors import ConfigError, EosError
 from eos.failpoints import DISARMED, Failpoints
+from eos.protocol.checkpoint import Checkpoint, CheckpointMeta
 
 
 def client_config(kafka: KafkaSourceConfig | KafkaSinkConfig) -> dict[str, Any]:

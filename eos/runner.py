@@ -18,16 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from connectors import offsets as planning
-from connectors.kafka_clients import BrokerUnreachable, UnknownTopic, admin_client, create_topic, describe_partitions
-from connectors.kafka_source import SourceError, resolve_starting_offsets
-from eos.checkpoint import Checkpoint, CheckpointMeta
+from eos_connectors.kafka import offsets as planning
+from eos_connectors.kafka.clients import (
+    BrokerUnreachable,
+    UnknownTopic,
+    admin_client,
+    create_topic,
+    describe_partitions,
+)
+from eos_connectors.kafka.source import SourceError, resolve_starting_offsets
+
 from eos.config import PipelineConfig, load_pipeline, parse_duration
-from eos.coordinator import Coordinator
 from eos.errors import CheckpointError, ConfigError, EnvironmentProblem, EosError, EpochFailed
 from eos.failpoints import from_specs
 from eos.pipeline import build, client_config
-from eos.protocol import EpochCommitter, EpochListener, user_message
+from eos.protocol.checkpoint import Checkpoint, CheckpointMeta
+from eos.protocol.committer import EpochCommitter, EpochListener, user_message
+from eos.protocol.coordinator import Coordinator
 
 log = logging.getLogger("eos.runner")
 
@@ -177,7 +184,7 @@ def _check_offset_log(checkpoint: Checkpoint) -> None:
     if last is None:
         return
     path = checkpoint.root / "offsets" / str(last)
-    # Spark's streaming sources (each config source is two: see connectors.formats.split_poison),
+    # Spark's streaming sources (each config source is two: see eos_connectors.formats.split_poison),
     # one JSON line each; logged_offsets raises CheckpointError on a line that does not parse.
     if not checkpoint.logged_offsets(last):
         raise CheckpointError(
@@ -201,9 +208,10 @@ def run(path: str | Path, options: RunOptions | None = None) -> RunResult:
 
 
 def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOptions) -> RunResult:
-    from connectors.formats import check_formats
-    from eos.metrics import start_telemetry
-    from eos.progress import ProgressPrinter, SparkProgressBridge
+    from eos_connectors.formats import check_formats
+
+    from eos.observe.metrics import start_telemetry
+    from eos.observe.progress import ProgressPrinter, SparkProgressBridge
     from eos.sparksession import build_spark
 
     check_formats(config, base_dir)  # a missing or invalid schema file fails before Spark or Kafka
@@ -300,8 +308,7 @@ def publish_committed_offsets(config: PipelineConfig, checkpoint: Checkpoint) ->
     sources one epoch late (when the next epoch starts), so without this the group would show an
     epoch of phantom lag after a stop. For monitoring only: recovery never reads these offsets."""
     from confluent_kafka import TopicPartition
-
-    from connectors.kafka_clients import consumer
+    from eos_connectors.kafka.clients import consumer
 
     last = checkpoint.last_committed_epoch()
     if last is None:

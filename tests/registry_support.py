@@ -78,7 +78,7 @@ def _answers(url: str) -> bool:
 
 @contextlib.contextmanager
 def running_apicurio(workdir: Path, timeout_s: float = 120) -> Iterator[RunningRegistry]:
-    from eos.localkafka import find_java, free_port
+    from eos_ops.localkafka import find_java, free_port
 
     home = fetch_apicurio()
     port = free_port()

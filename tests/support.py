@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from connectors.kafka_clients import consumer
+from eos_connectors.kafka.clients import consumer
 
 
 @dataclass
@@ -45,7 +45,7 @@ def start_kafka_under_test(workdir: Path) -> KafkaUnderTest:
 
 
 def start_local_broker(workdir: Path, heap: str = "512m") -> KafkaUnderTest:
-    from eos.localkafka import LocalBroker, free_port
+    from eos_ops.localkafka import LocalBroker, free_port
 
     broker = LocalBroker(port=free_port(), data_dir=workdir / "broker", heap=heap)
     broker.start(progress=print)
@@ -57,8 +57,8 @@ def start_local_broker(workdir: Path, heap: str = "512m") -> KafkaUnderTest:
 def read_all(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Any]:
     """Every message of a topic up to its current end (LSO for read_committed, else the high
     watermark), in partition and offset order."""
-    from connectors.kafka_clients import admin_client, describe_partitions, end_offsets
-    from connectors.range_reader import read_range
+    from eos_connectors.kafka.clients import admin_client, describe_partitions, end_offsets
+    from eos_connectors.kafka.range_reader import read_range
 
     admin = admin_client({"bootstrap.servers": bootstrap})
     partitions = describe_partitions(admin, [topic])

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from eos_connectors.kafka.clients import admin_client, create_topic
 
 from bench import cli, report
 from bench.context import QUICK, Bench
@@ -19,7 +20,6 @@ from bench.inputs import count_records, expected_stateless_out, make_input
 from bench.rawloop import run_loop
 from bench.sections import failpoints
 from bench.stats import paired_ratios, percentile, ratio_summary, summarize
-from connectors.kafka_clients import admin_client, create_topic
 
 
 def test_statistics_on_measured_timings() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eos.metrics import PipelineMetrics, PipelineShape, series_names
+from eos.observe.metrics import PipelineMetrics, PipelineShape, series_names
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = sorted((ROOT / "ops/grafana/dashboards").glob("*.json"))

@@ -213,6 +213,6 @@ def test_changed_slot_count_is_refused(bootstrap, used_checkpoint):
 
 
 def _topic_exists(bootstrap: str, topic: str) -> bool:
-    from connectors.kafka_clients import admin_client
+    from eos_connectors.kafka.clients import admin_client
 
     return topic in admin_client({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from eos_connectors.kafka.clients import admin_client, end_offsets
 
-from connectors.kafka_clients import admin_client, end_offsets
 from eos.failpoints import POINTS
 from tests.pipelines import (
     ROOT,
@@ -41,7 +41,7 @@ def test_broker_restart_mid_epoch(tmp_path, unique_name):
     try:
         bootstrap, broker = kafka.bootstrap, kafka.broker  # type: ignore[attr-defined]
         admin = admin_client({"bootstrap.servers": bootstrap})
-        from connectors.kafka_clients import create_topic
+        from eos_connectors.kafka.clients import create_topic
 
         source, sink = unique_name("in"), unique_name("out")
         create_topic(admin, source, 2)
@@ -143,7 +143,7 @@ BASE_MS = 1_767_225_600_000
 
 
 def _produce_ticks(bootstrap: str, topic: str, count: int) -> None:
-    from connectors.kafka_clients import producer
+    from eos_connectors.kafka.clients import producer
 
     out = producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import fastavro
 import pytest
+from eos_connectors.formats import avro
+from eos_connectors.formats.avro_schema import arrow_types, load_avsc, spark_type
+from eos_connectors.formats.registry import FileRegistry, wire_header
 
-from connectors.formats import avro
-from connectors.formats.avro_schema import arrow_types, load_avsc, spark_type
-from connectors.formats.registry import FileRegistry, wire_header
 from eos.config import FormatConfig
 from eos.errors import ConfigError
 
@@ -270,7 +270,8 @@ def test_registry_folder_missing_is_not_blamed_on_records(spark, tmp_path):
 
 
 def test_sink_value_must_fit_the_record_schema(spark, tmp_path):
-    from connectors.formats import encode_sink
+    from eos_connectors.formats import encode_sink
+
     from eos.config import SinkConfig
 
     schema = {
@@ -320,9 +321,8 @@ def test_schema_file_missing_or_invalid(tmp_path, content, message):
 
 
 def test_json_decoding_marks_malformed_records(spark, tmp_path):
+    from eos_connectors.formats import _decode_column
     from pyspark.sql import functions as F
-
-    from connectors.formats import _decode_column
 
     schema = {"type": "record", "name": "J", "fields": [{"name": "a", "type": "long"}]}
     fmt = FormatConfig(type="json", schema=write_schema(tmp_path, "j.avsc", schema))

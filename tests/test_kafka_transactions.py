@@ -3,7 +3,8 @@ shows them. Everything eos promises rests on this, so it is pinned first."""
 
 from __future__ import annotations
 
-from connectors.kafka_clients import producer
+from eos_connectors.kafka.clients import producer
+
 from tests.support import read_all
 
 

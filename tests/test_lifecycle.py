@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from eos.checkpoint import Checkpoint
+from eos.protocol.checkpoint import Checkpoint
 from tests.pipelines import (
     ROOT,
     assert_exactly_once,

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from eos.metrics import PipelineMetrics, PipelineShape, series_names, start_metrics_server
-from eos.protocol import EpochListener
+from eos.observe.metrics import PipelineMetrics, PipelineShape, series_names, start_metrics_server
+from eos.protocol.committer import EpochListener
 from tests.pipelines import (
     all_values,
     assert_exactly_once,
@@ -156,7 +156,7 @@ AVSC = {"type": "record", "name": "Event", "fields": [{"name": "n", "type": "lon
 
 def test_metrics_count_aborts_retries_and_dead_letters(spark, bootstrap, new_topic, unique_name, tmp_path):
     source, sink, dlq = new_topic(partitions=2), new_topic(partitions=2), new_topic()
-    from connectors.kafka_clients import producer
+    from eos_connectors.kafka.clients import producer
 
     writer = producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     good, bad = 0, 0
@@ -228,7 +228,7 @@ def test_registries_are_per_run_and_port_zero_reports_the_bound_port():
 
 
 def test_a_failing_listener_does_not_stop_the_others():
-    from eos.progress import SparkProgressBridge
+    from eos.observe.progress import SparkProgressBridge
 
     seen: list[int] = []
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from connectors.offsets import decode, encode, fair_share, plan_ends, split_ranges
+from eos_connectors.kafka.offsets import decode, encode, fair_share, plan_ends, split_ranges
 
 
 def test_fair_share_gives_each_partition_an_equal_share_and_redistributes_leftovers():
@@ -63,7 +62,7 @@ def test_offsets_round_trip_in_sparks_json_form():
 def test_a_follower_never_gets_ahead_of_its_leader_and_catches_up(seed):
     """Two branches of one source plan epoch after epoch while data keeps arriving; the follower
     may start behind (a restart) but never passes the leader, and reaches it once input stops."""
-    from connectors.offsets import follow
+    from eos_connectors.kafka.offsets import follow
 
     rng = random.Random(seed)
     parts = [("t", p) for p in range(rng.randrange(1, 5))]
@@ -87,7 +86,7 @@ def test_a_follower_never_gets_ahead_of_its_leader_and_catches_up(seed):
 def test_both_branches_plan_the_same_epoch_whichever_spark_asks_first(tmp_path, seed):
     """Spark asks the view and poison branches for their end offsets in an order of its own; the
     second adopts the first's plan, so both advance together and no extra epoch is needed."""
-    from connectors.kafka_source import PlanBook
+    from eos_connectors.kafka.source import PlanBook
 
     rng = random.Random(seed)
     start = {"leader": encode({("t", 0): 0}), "follower": encode({("t", 0): 0})}

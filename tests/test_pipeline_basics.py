@@ -32,8 +32,7 @@ def test_consumer_group_shows_no_phantom_lag_after_a_run(spark, bootstrap, new_t
     """Offsets go to the group `eos-<pipeline>.<source>` for lag monitoring; after the run they
     are at the end of the last committed epoch, not one epoch behind."""
     from confluent_kafka import TopicPartition
-
-    from connectors.kafka_clients import admin_client, consumer, end_offsets
+    from eos_connectors.kafka.clients import admin_client, consumer, end_offsets
 
     source, sink = new_topic(partitions=2), new_topic()
     produce_numbered(bootstrap, source, 0, 700)
@@ -51,7 +50,7 @@ def test_consumer_group_shows_no_phantom_lag_after_a_run(spark, bootstrap, new_t
 def test_under_on_error_fail_each_record_is_read_once(spark, bootstrap, new_topic, unique_name, tmp_path):
     """A config source is two Spark sources (view rows, poison rows) so that a `fail` source can be
     switched to `dlq` on the same checkpoint; under `fail` the poison branch reads nothing."""
-    from eos.protocol import EpochListener
+    from eos.protocol.committer import EpochListener
 
     class Rows(EpochListener):
         def __init__(self) -> None:

@@ -9,12 +9,12 @@ from collections import Counter
 
 import pytest
 from confluent_kafka import KafkaException
+from eos_connectors.kafka.clients import producer
 
-from connectors.kafka_clients import producer
-from eos.checkpoint import Checkpoint
 from eos.config import load_pipeline
 from eos.pipeline import sink_targets
-from eos.protocol import fence_targets
+from eos.protocol.checkpoint import Checkpoint
+from eos.protocol.committer import fence_targets
 from tests.pipelines import (
     all_values,
     assert_exactly_once,
@@ -190,6 +190,6 @@ def test_at_least_once_mode_writes_without_transactions(spark, bootstrap, new_to
 
 
 def read_topics(bootstrap: str) -> set[str]:
-    from connectors.kafka_clients import admin_client
+    from eos_connectors.kafka.clients import admin_client
 
     return set(admin_client({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from connectors.formats import check_formats
+from eos_connectors.formats import check_formats
+
 from eos.cli import build_parser
 from eos.config import parse_pipeline
 

@@ -10,11 +10,17 @@ import json
 from collections import Counter
 
 import pytest
+from eos_connectors.formats import avro
+from eos_connectors.formats.registry import (
+    HttpRegistry,
+    RegistryUnavailable,
+    UnknownSchemaId,
+    UnknownSubject,
+    wire_header,
+)
+from eos_ops.localkafka import free_port
 
-from connectors.formats import avro
-from connectors.formats.registry import HttpRegistry, RegistryUnavailable, UnknownSchemaId, UnknownSubject, wire_header
 from eos.config import FormatConfig
-from eos.localkafka import free_port
 from tests.pipelines import run_in_process, write_pipeline
 from tests.registry_support import RunningRegistry, running_apicurio
 from tests.support import read_all
@@ -123,7 +129,7 @@ def test_unreachable_registry_fails_the_task_instead_of_blaming_records(spark, t
 def test_pipeline_through_the_registry_with_a_dead_letter_queue(
     spark, bootstrap, new_topic, unique_name, apicurio, tmp_path
 ):
-    from connectors.kafka_clients import producer
+    from eos_connectors.kafka.clients import producer
 
     source, sink, dlq = new_topic(partitions=2), new_topic(partitions=1), unique_name("dlq")
     serialize = confluent_serializer(apicurio.url, USER_V1)

@@ -14,13 +14,14 @@ import subprocess
 import sys
 from typing import Any
 
+from eos_connectors.kafka.clients import admin_client, create_topic
+
 from bench.builtin import run_builtin
 from bench.context import Bench
 from bench.env import REPO
 from bench.inputs import delete_topics
 from bench.pipelines import run_eos, stateless_config, unique
 from bench.runs import ALO, BUILTIN, EO, measure
-from connectors.kafka_clients import admin_client, create_topic
 from eos.config import parse_duration
 
 

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import yaml
+from eos_connectors.kafka.clients import admin_client, create_topic
 
 from bench.context import Bench
 from bench.env import REPO
@@ -24,7 +25,6 @@ from bench.inputs import delete_topics
 from bench.pipelines import stateful_config, unique
 from bench.procs import memory_by_class
 from bench.subproc import EosProcess
-from connectors.kafka_clients import admin_client, create_topic
 
 SAMPLE_EVERY_S = 2.0
 

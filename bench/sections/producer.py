@@ -13,9 +13,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from eos_connectors.kafka.clients import producer
+
 from bench.context import Bench
 from bench.stats import percentile, summarize
-from connectors.kafka_clients import producer
 
 VARIANTS = ("as eos does it", "metadata request first")
 

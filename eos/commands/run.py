@@ -33,7 +33,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     import json
 
-    from connectors.formats import check_formats
+    from eos_connectors.formats import check_formats
+
     from eos.config import load_pipeline, redacted
     from eos.runner import describe_plan
 

@@ -89,7 +89,7 @@ def pipeline_yaml(name: str, bootstrap: str, source: str, sink: str, dlq: str, c
 def feed(bootstrap: str, topic: str, stop: threading.Event, started: float) -> None:
     """~150 records/s, 1 in 200 poison, and a burst of 8000 at t=50s (the pipeline takes at most
     1500 an epoch, so lag builds up and drains)."""
-    from connectors.kafka_clients import producer
+    from eos_connectors.kafka.clients import producer
 
     out = producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
     i, burst_done = 0, False
@@ -108,7 +108,7 @@ def feed(bootstrap: str, topic: str, stop: threading.Event, started: float) -> N
 
 def foreign_transaction(bootstrap: str, topic: str, stop: threading.Event, at_s: float, hold_s: float, t0: float):
     """Another producer's transaction left open on the sink topic: its LSO is stuck meanwhile."""
-    from connectors.kafka_clients import producer
+    from eos_connectors.kafka.clients import producer
 
     if stop.wait(max(0.0, t0 + at_s - time.monotonic())):
         return
@@ -150,13 +150,13 @@ def start_prometheus(metrics_port: int, workdir: Path) -> tuple[subprocess.Popen
 def run(args: argparse.Namespace, workdir: Path) -> tuple[str, str, float, float]:
     """Run the pipeline under load; returns (prometheus url, pipeline, start, end) with
     Prometheus still running (the caller stops it)."""
-    from connectors.kafka_clients import admin_client, create_topic
+    from eos_connectors.kafka.clients import admin_client, create_topic
 
     bootstrap = args.bootstrap
     broker = None
     if bootstrap is None:
-        from eos.localkafka import LocalBroker
-        from eos.localkafka import free_port as broker_port
+        from eos_ops.localkafka import LocalBroker
+        from eos_ops.localkafka import free_port as broker_port
 
         broker = LocalBroker(port=broker_port(), data_dir=workdir / "broker")
         broker.start(progress=say)

@@ -11,7 +11,7 @@ def _say(message: str) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from eos.demo import run_demo
+    from eos_ops.demo import run_demo
 
     return run_demo(
         port=args.port,

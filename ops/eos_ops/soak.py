@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from connectors.kafka_clients import admin_client, create_topic, producer
-from eos.checkpoint import Checkpoint
+from eos_connectors.kafka.clients import admin_client, create_topic, producer
+
 from eos.failpoints import POINTS
-from eos.verify import Aggregate, Decoder, Match, VerifySpec, verify
+from eos.protocol.checkpoint import Checkpoint
+from eos_ops.verify import Aggregate, Decoder, Match, VerifySpec, verify
 
 PROTOCOL_POINTS = [p for p in POINTS if p != "source.read"]
 TXN_TIMEOUT_MS = 10_000
@@ -89,7 +90,7 @@ class SoakResult:
 
 class Soak:
     def __init__(self, records: int, chunk: int, seed: int, workdir: Path, heap: str = "768m"):
-        from eos.localkafka import LocalBroker, free_port
+        from eos_ops.localkafka import LocalBroker, free_port
 
         self.records, self.chunk, self.rng = records, chunk, random.Random(seed)
         self.workdir = workdir

@@ -20,11 +20,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from connectors.kafka_clients import admin_client, consumer, create_topic, describe_partitions, end_offsets, producer
-from connectors.range_reader import read_range
 from eos.errors import CheckpointError, EnvironmentProblem
+from eos_connectors.kafka.clients import (
+    admin_client,
+    consumer,
+    create_topic,
+    describe_partitions,
+    end_offsets,
+    producer,
+)
+from eos_connectors.kafka.range_reader import read_range
 
-log = logging.getLogger("eos.ledger")
+log = logging.getLogger("eos_connectors.kafka.ledger")
 
 LEDGER_TOPIC_CONFIG = {
     "cleanup.policy": "compact",

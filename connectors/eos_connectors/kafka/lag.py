@@ -19,11 +19,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from connectors.kafka_clients import UnknownTopic, admin_client, describe_partitions, end_offsets
-from connectors.offsets import Offsets, decode
 from eos.config import PipelineConfig, SourceConfig
+from eos_connectors.kafka.clients import UnknownTopic, admin_client, describe_partitions, end_offsets
+from eos_connectors.kafka.offsets import Offsets, decode
 
-log = logging.getLogger("eos.lag")
+log = logging.getLogger("eos_connectors.kafka.lag")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 def cmd_status(args: argparse.Namespace) -> int:
     from eos.config import load_pipeline
-    from eos.status import gather, render
+    from eos_ops.status import gather, render
 
     config = load_pipeline(args.pipeline)
     if args.fence:

@@ -23,7 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from connectors.kafka_clients import admin_client, create_topic, producer
+from eos_connectors.kafka.clients import admin_client, create_topic, producer
+
 from eos.errors import EnvironmentProblem
 from eos.paths import eos_home, examples_dir, schemas_dir
 
@@ -151,7 +152,7 @@ def from_avro_record(value: bytes, schema: Any) -> dict[str, Any]:
 
 
 def check_output(bootstrap: str, topic: str, truth: DemoTruth) -> DemoCheck:
-    from eos.verify import read_topic
+    from eos_ops.verify import read_topic
 
     committed = read_topic(bootstrap, topic, read_committed=True)
     everything = read_topic(bootstrap, topic, read_committed=False)
@@ -233,7 +234,7 @@ def run_demo(
         if not bootstrap:
             raise EnvironmentProblem("--external-kafka needs EOS_BOOTSTRAP (host:port,...)")
     else:
-        from eos.localkafka import LocalBroker
+        from eos_ops.localkafka import LocalBroker
 
         bootstrap = LocalBroker(port=port).start(progress=_say).bootstrap
     os.environ["EOS_BOOTSTRAP"] = bootstrap

@@ -28,14 +28,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.formats import POISON_MARKER
-from connectors.kafka_sink import REPORT_SCHEMA, EpochPlan, SinkTarget, slot_task
-from eos.coordinator import Coordinator
+from eos_connectors.formats import POISON_MARKER
+from eos_connectors.kafka.ledger import Ledger, LedgerEntry, ensure_ledger_topic, fence, read_ledger
+from eos_connectors.kafka.sink import REPORT_SCHEMA, EpochPlan, SinkTarget, slot_task
+
 from eos.errors import CheckpointError, EpochFailed
 from eos.failpoints import Failpoints
-from eos.ledger import Ledger, LedgerEntry, ensure_ledger_topic, fence, read_ledger
+from eos.protocol.coordinator import Coordinator
 
-log = logging.getLogger("eos.protocol")
+log = logging.getLogger("eos.protocol.committer")
 
 
 @dataclass

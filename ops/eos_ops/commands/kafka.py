@@ -12,13 +12,13 @@ def _say(message: str) -> None:
 
 
 def _broker(args: argparse.Namespace):
-    from eos.localkafka import LocalBroker
+    from eos_ops.localkafka import LocalBroker
 
     return LocalBroker(port=args.port, data_dir=args.data_dir, heap=getattr(args, "heap", "512m"))
 
 
 def cmd_kafka_fetch(args: argparse.Namespace) -> int:
-    from eos.localkafka import fetch_jars
+    from eos_ops.localkafka import fetch_jars
 
     print(fetch_jars(progress=_say))
     return 0

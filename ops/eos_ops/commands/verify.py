@@ -9,7 +9,7 @@ from pathlib import Path
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from eos.errors import ConfigError
-    from eos.verify import Decoder, Match, VerifySpec, load_spec, verify
+    from eos_ops.verify import Decoder, Match, VerifySpec, load_spec, verify
 
     if args.spec:
         spec = load_spec(args.spec, bootstrap=args.bootstrap)

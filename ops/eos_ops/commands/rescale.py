@@ -15,11 +15,11 @@ from pathlib import Path
 
 
 def cmd_rescale(args: argparse.Namespace) -> int:
-    from eos.checkpoint import Checkpoint
     from eos.config import load_pipeline
     from eos.errors import CheckpointError
     from eos.pipeline import sink_targets
-    from eos.protocol import fence_targets
+    from eos.protocol.checkpoint import Checkpoint
+    from eos.protocol.committer import fence_targets
 
     config = load_pipeline(args.pipeline)
     checkpoint = Checkpoint(config.checkpoint_path(Path(args.pipeline).resolve().parent))

@@ -29,8 +29,10 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from connectors import offsets as planning
-from connectors.kafka_clients import (
+from eos.failpoints import Failpoints
+from eos.failpoints import parse as parse_failpoints
+from eos_connectors.kafka import offsets as planning
+from eos_connectors.kafka.clients import (
     BrokerUnreachable,
     UnknownTopic,
     admin_client,
@@ -39,9 +41,7 @@ from connectors.kafka_clients import (
     end_offsets,
     start_offsets,
 )
-from connectors.range_reader import FETCH_TUNING, RangeReadError, read_range
-from eos.failpoints import Failpoints
-from eos.failpoints import parse as parse_failpoints
+from eos_connectors.kafka.range_reader import FETCH_TUNING, RangeReadError, read_range
 
 log = logging.getLogger("eos.source")
 

@@ -223,7 +223,7 @@ class LocalBroker:
 
     def answers(self, timeout: float = 2.0) -> int | None:
         """Number of topics if the broker answers a metadata request, else None."""
-        from connectors.kafka_clients import admin_client
+        from eos_connectors.kafka.clients import admin_client
 
         # log_level 0: "connection refused" while the broker boots is expected, not news.
         admin = admin_client({"bootstrap.servers": self.bootstrap, "log_level": 0})

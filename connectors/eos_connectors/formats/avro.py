@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa  # at module level: Spark reads the UDFs' `pa.Array` type hints from here
 
-from connectors.formats.avro_schema import arrow_types, load_avsc, physical_schema, spark_type
-from connectors.formats.registry import (
+from eos.errors import ConfigError
+from eos_connectors.formats.avro_schema import arrow_types, load_avsc, physical_schema, spark_type
+from eos_connectors.formats.registry import (
     HEADER,
     HEADER_SIZE,
     MAGIC,
@@ -40,7 +41,6 @@ from connectors.formats.registry import (
     resolve_location,
     wire_header,
 )
-from eos.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from connectors.formats.avro_schema import load_avsc, record_fields_ddl, spark_type
 from eos.errors import ConfigError
+from eos_connectors.formats.avro_schema import load_avsc, record_fields_ddl, spark_type
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -45,7 +45,7 @@ def _context(where: str) -> Iterator[None]:
 def check_formats(config: PipelineConfig, base_dir: Path | None = None) -> None:
     """Load and check every schema file the pipeline names, before anything starts (registries
     are asked later, when the plan is built)."""
-    from connectors.formats.avro_schema import record_fields_ddl
+    from eos_connectors.formats.avro_schema import record_fields_ddl
 
     formats = [(f"source {s.name}", s.key_format, s.value_format) for s in config.sources]
     formats += [(f"sink {s.name}", s.key_format, s.value_format) for s in config.sinks]
@@ -81,7 +81,7 @@ def _decode_column(
         error = F.when(parsed[CORRUPT].isNotNull(), F.lit(f"{which}: malformed JSON or a field of the wrong type"))
         return parsed.dropFields(CORRUPT), error
     if fmt.type == "avro":
-        from connectors.formats import avro
+        from eos_connectors.formats import avro
 
         return avro.decode_column(column, fmt, which, base_dir, topics)
     raise ValueError(f"unknown format {fmt.type}")
@@ -117,7 +117,7 @@ def split_poison(
     same checkpoint, and the failed epoch is replayed with its logged offsets. (With one source
     under `fail`, Spark refuses that restart: "There are [1] sources in the checkpoint offsets and
     now there are [2]".) Both branches plan the same end offsets for each epoch
-    (connectors.kafka_source PlanBook): the poison branch never gets ahead of the view, so under
+    (eos_connectors.kafka.source PlanBook): the poison branch never gets ahead of the view, so under
     `fail` nothing it skips was left unchecked; and each branch reads every offset once, with complementary
     filters, so every record ends up once in the view or in the poison rows.
 
@@ -195,7 +195,7 @@ def _encode_column(
     if fmt.type == "json":
         return F.to_json(column).cast("binary")
     if fmt.type == "avro":
-        from connectors.formats import avro
+        from eos_connectors.formats import avro
 
         codec = avro.encode_codec(fmt, which, base_dir, sink.kafka.topic)
         data_type = view.select(column).schema.fields[0].dataType

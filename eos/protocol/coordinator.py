@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-log = logging.getLogger("eos.coordinator")
+log = logging.getLogger("eos.protocol.coordinator")
 
 COMMIT = "commit"
 ABORT = "abort"

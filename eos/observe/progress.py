@@ -20,13 +20,13 @@ import threading
 import time
 from typing import IO, Any
 
+from eos_connectors.kafka.lag import LagMonitor
 from pyspark.sql.streaming import StreamingQueryListener
 
-from eos.lag import LagMonitor
-from eos.protocol import EpochListener, EpochReport, RecoveryReport
-from eos.tracker import EpochTracker
+from eos.observe.tracker import EpochTracker
+from eos.protocol.committer import EpochListener, EpochReport, RecoveryReport
 
-log = logging.getLogger("eos.progress")
+log = logging.getLogger("eos.observe.progress")
 PLAN_KEYS = ("latestOffset", "walCommit", "queryPlanning", "getBatch")
 
 

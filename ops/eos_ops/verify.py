@@ -27,8 +27,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from connectors.kafka_clients import admin_client, consumer, describe_partitions, end_offsets
-from connectors.range_reader import read_range
+from eos_connectors.kafka.clients import admin_client, consumer, describe_partitions, end_offsets
+from eos_connectors.kafka.range_reader import read_range
+
 from eos.config import parse_duration
 from eos.errors import ConfigError
 
@@ -97,8 +98,7 @@ class Decoder:
         cached = _schemas.get(self.schema or "")
         if cached is None:
             import fastavro
-
-            from connectors.formats.avro_schema import resolve_schema_path
+            from eos_connectors.formats.avro_schema import resolve_schema_path
 
             if not self.schema:
                 raise ConfigError("format avro needs a schema (.avsc)")

@@ -9,10 +9,10 @@ Sources of truth:
 - the protocol's events (`EpochListener`): epochs, attempts, transactions and records out come
   from the reports the sink tasks return with their results, folded by the driver, never from a
   best-effort side channel;
-- Spark's own progress (`on_spark_progress`, fed by eos.progress.SparkProgressBridge): records
+- Spark's own progress (`on_spark_progress`, fed by eos.observe.progress.SparkProgressBridge): records
   in per source, planning and commit-log durations;
 - scrape-time state: the phase of the epoch in flight and the age of the oldest open
-  transaction (eos.tracker), source lag and stuck last stable offsets (eos.lag).
+  transaction (eos.observe.tracker), source lag and stuck last stable offsets (eos_connectors.kafka.lag).
 
 docs/OBSERVABILITY.md lists every metric; tests/test_dashboards.py checks the dashboards and
 alert rules against `series_names()` of this module's registry.
@@ -27,16 +27,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from eos_connectors.kafka.lag import LagMonitor, committed_from_checkpoint, source_names
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from eos import __version__
 from eos.errors import EnvironmentProblem, EosError
-from eos.lag import LagMonitor, committed_from_checkpoint, source_names
-from eos.protocol import AttemptVotes, EpochListener, EpochReport, RecoveryReport
-from eos.tracker import PHASES, EpochTracker
+from eos.observe.tracker import PHASES, EpochTracker
+from eos.protocol.committer import AttemptVotes, EpochListener, EpochReport, RecoveryReport
 
-log = logging.getLogger("eos.metrics")
+log = logging.getLogger("eos.observe.metrics")
 
 PREFIX = "eos"
 # Epoch phases run from a millisecond (agreement on loopback) to minutes (a large first epoch).
@@ -395,7 +395,7 @@ def series_names(registry: CollectorRegistry) -> set[str]:
 
 
 def transaction_timeout_s(targets: Iterable[Any], epoch_timeout_s: float) -> float:
-    """The smallest transaction.timeout.ms of the sink producers (connectors.kafka_sink's rule:
+    """The smallest transaction.timeout.ms of the sink producers (eos_connectors.kafka.sink's rule:
     max(60 s, twice the epoch timeout) unless the sink's client config sets it)."""
     default = max(60.0, 2 * epoch_timeout_s)
     values = [float(t.client.get("transaction.timeout.ms", default * 1000)) / 1000 for t in targets if t.topic]

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from eos.protocol import EpochListener, EpochReport, RecoveryReport
+from eos.protocol.committer import EpochListener, EpochReport, RecoveryReport
 
 # Bounded phase names (metric label values).
 BETWEEN = "between_epochs"  # waiting for the trigger, or Spark planning the next epoch

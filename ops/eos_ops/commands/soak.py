@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
-    from eos.soak import run_soak
+    from eos_ops.soak import run_soak
 
     return run_soak(args.records, args.chunk, args.seed, args.keep, args.output)
 

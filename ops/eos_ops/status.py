@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from connectors.kafka_clients import UnknownTopic, admin_client, describe_partitions, end_offsets
-from eos.checkpoint import Checkpoint, CheckpointMeta
+from eos_connectors.kafka.clients import UnknownTopic, admin_client, describe_partitions, end_offsets
+from eos_connectors.kafka.lag import committed_from_checkpoint, compute_lag, source_end_offsets
+from eos_connectors.kafka.ledger import LedgerEntry, fence, read_ledger, scan_ledger
+
 from eos.config import PipelineConfig
-from eos.lag import committed_from_checkpoint, compute_lag, source_end_offsets
-from eos.ledger import LedgerEntry, fence, read_ledger, scan_ledger
+from eos.protocol.checkpoint import Checkpoint, CheckpointMeta
 
 OPEN_STATES = {"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"}
 TOOLS_CLASS = "org.apache.kafka.tools.TransactionsCommand"
@@ -163,7 +164,7 @@ def ledger_status(
 
 def tools_classpath() -> str | None:
     """The cached kafka jars (with kafka-tools), without fetching anything."""
-    from eos.localkafka import jar_cache_dir
+    from eos_ops.localkafka import jar_cache_dir
 
     override = os.environ.get("EOS_KAFKA_TOOLS_CLASSPATH")
     if override:
@@ -202,7 +203,7 @@ def _table(text: str) -> list[dict[str, str]]:
 
 
 def _tool(classpath: str, client: dict[str, Any], *args: str, timeout: float = 60) -> str:
-    from eos.localkafka import find_java
+    from eos_ops.localkafka import find_java
 
     command = [find_java(), "-Xmx256m", "-cp", classpath, TOOLS_CLASS]
     command += ["--bootstrap-server", client["bootstrap.servers"]]

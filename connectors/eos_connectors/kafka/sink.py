@@ -28,9 +28,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.kafka_clients import is_fatal, is_retriable, kafka_error, producer, requires_abort
-from eos.coordinator import COMMIT, CoordinatorAddress, VoteClient
 from eos.failpoints import DISARMED, Failpoints
+from eos.protocol.coordinator import COMMIT, CoordinatorAddress, VoteClient
+from eos_connectors.kafka.clients import is_fatal, is_retriable, kafka_error, producer, requires_abort
 
 SLOT_INPUT_COLUMNS = ("sink", "key", "value", "headers")
 REPORT_SCHEMA = "slot int, report string"

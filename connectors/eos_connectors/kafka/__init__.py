@@ -1,0 +1,1 @@
+"""The Kafka connector: the re-settable source and the two-phase-commit sink."""

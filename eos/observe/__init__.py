@@ -1,0 +1,1 @@
+"""Observability: metrics, progress, the phase tracker."""

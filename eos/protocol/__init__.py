@@ -1,0 +1,1 @@
+"""The epoch commit protocol."""

@@ -1,0 +1,1 @@
+"""Operational tools around eos: status, verify, soak, demo, local servers."""

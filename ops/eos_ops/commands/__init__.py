@@ -1,0 +1,1 @@
+"""eos commands provided by the operational tools (registered as entry points)."""
