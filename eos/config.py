@@ -1,151 +1,35 @@
 """The pipeline file: YAML validated into typed, immutable config.
 
+The core owns the pipeline's shape (name, checkpoint, epochs, transforms, Spark) and the part of
+every source and sink entry that every kind has (name, input, watermark, on_error). The rest of
+an entry belongs to its connector, named by the entry's section (`kafka:`, `postgres:`): its
+model comes from the connector registered for that kind (eos.registry), so a new sink brings its
+own config model and the core never imports it.
+
 Errors name the file, line and field and say what is wrong; unknown fields get suggestions.
-Client settings (SASL/SSL...) pass through to librdkafka; `${VAR}` pulls secrets from the
+Client settings (SASL/SSL...) pass through to the clients; `${VAR}` pulls secrets from the
 environment, and `redacted()` masks them wherever config is shown.
 """
 
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, create_model, field_validator
+from pydantic import model_validator as _model_validator
 
+from eos import registry
 from eos.errors import ConfigError
+from eos.model import NAME, VIEW, ClientValue, Duration, Model, parse_duration, redacted
+from eos.protocol.sink import SinkEntry
+from eos.protocol.source import SourceEntry
 from eos.yamlsource import LoadedYaml, load_yaml, parse_yaml
 
-NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
-VIEW = r"^[A-Za-z_][A-Za-z0-9_]{0,99}$"
-SECRET_KEY = re.compile(r"(?i)(password|secret|token|jaas|credential|apikey|api\.key)")
-ClientValue = str | int | float | bool
-
-_UNITS = {
-    **dict.fromkeys(("ms", "msec", "millisecond", "milliseconds"), 0.001),
-    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1.0),
-    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60.0),
-    **dict.fromkeys(("h", "hour", "hours"), 3600.0),
-}
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*")
-
-
-def parse_duration(value: Any) -> float:
-    """'500ms', '2s', '1 minute', 3 (seconds) -> seconds."""
-    if isinstance(value, bool):
-        raise ValueError("expected a duration like 500ms, 2s or 1 minute")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        match = _DURATION.fullmatch(str(value).lower())
-        if not match or match.group(2) not in _UNITS:
-            raise ValueError(f"{value!r} is not a duration; write e.g. 500ms, 2s, 1m or '1 minute'")
-        seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if seconds < 0:
-        raise ValueError("a duration cannot be negative")
-    return seconds
-
-
-class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-
-
-# ---------------------------------------------------------------------------------------------
-# Formats (keys and values)
-# ---------------------------------------------------------------------------------------------
-
-
-class FormatConfig(Model):
-    """How bytes map to columns: raw bytes, UTF-8 string, JSON, or Avro."""
-
-    type: Literal["raw", "string", "json", "avro"] = "raw"
-    schema_file: str | None = Field(None, alias="schema")  # .avsc (avro, json) file
-    reader_schema: str | None = None  # avro: the schema to read as (evolution)
-    registry: str | None = None  # Schema Registry URL, or file:DIR (wire format: magic byte + id)
-    subject: str | None = None
-
-    @model_validator(mode="after")
-    def _schema_fits_type(self) -> FormatConfig:
-        if self.type in ("raw", "string") and (self.schema_file or self.registry or self.reader_schema):
-            raise ValueError(f"format {self.type} takes no schema")
-        if self.type == "avro" and not (self.schema_file or self.registry):
-            raise ValueError("format avro needs `schema:` (an .avsc file) or `registry:`")
-        if self.type == "json" and (self.registry or self.reader_schema):
-            raise ValueError("format json takes `schema:` only (registry and reader_schema are for avro)")
-        if self.subject and not self.registry:
-            raise ValueError("`subject:` names a schema registry subject; it needs `registry:`")
-        if self.registry and not self.registry.startswith(("http://", "https://", "file:")):
-            raise ValueError(f"registry {self.registry!r}: expected an http(s):// URL or file:DIR")
-        return self
-
-    @property
-    def has_schema(self) -> bool:
-        return bool(self.schema_file or self.registry)
-
-
-# `value_format: json` is short for `value_format: {type: json}`.
-Format = Annotated[FormatConfig, BeforeValidator(lambda v: {"type": v} if isinstance(v, str) else v)]
-
-
-# ---------------------------------------------------------------------------------------------
-# Sources
-# ---------------------------------------------------------------------------------------------
-
-StartingOffsets = Literal["earliest", "latest"] | dict[str, dict[int, int]]
-
-
-class KafkaSourceConfig(Model):
-    bootstrap: str = Field(min_length=1)
-    topics: list[Annotated[str, Field(pattern=NAME)]] = Field(min_length=1)
-    starting_offsets: StartingOffsets = "earliest"
-    max_records_per_epoch: int | None = Field(None, gt=0)
-    max_records_per_task: int = Field(200_000, gt=0)
-    isolation: Literal["read_committed", "read_uncommitted"] = "read_committed"
-    on_out_of_range: Literal["fail", "earliest"] = "fail"
-    config: dict[str, ClientValue] = Field(default_factory=dict)
-
-    @field_validator("topics")
-    @classmethod
-    def _unique(cls, topics: list[str]) -> list[str]:
-        if len(set(topics)) != len(topics):
-            raise ValueError("a topic is listed twice")
-        return topics
-
-
-class WatermarkConfig(Model):
-    column: str
-    delay: Duration
-
-
-class SourceConfig(Model):
-    name: str = Field(pattern=VIEW)
-    kafka: KafkaSourceConfig
-    key_format: Format = FormatConfig()
-    value_format: Format = FormatConfig()
-    watermark: WatermarkConfig | None = None
-    on_error: Literal["fail", "skip", "dlq"] = "fail"
-    dlq_topic: str | None = Field(None, pattern=NAME)
-
-    @model_validator(mode="after")
-    def _dlq(self) -> SourceConfig:
-        for which, fmt in (("key_format", self.key_format), ("value_format", self.value_format)):
-            if fmt.type == "json" and not fmt.has_schema:
-                raise ValueError(f"{which}: decoding json needs `schema:` (an .avsc file describing the records)")
-        if self.on_error == "dlq" and not self.dlq_topic:
-            raise ValueError("on_error: dlq needs dlq_topic")
-        if self.on_error != "dlq" and self.dlq_topic:
-            raise ValueError(f"dlq_topic is set but on_error is {self.on_error!r}")
-        return self
-
-
-# ---------------------------------------------------------------------------------------------
-# Transforms
-# ---------------------------------------------------------------------------------------------
+__all__ = ["PipelineConfig", "load_pipeline", "parse_duration", "parse_pipeline", "pipeline_from_yaml", "redacted"]
 
 
 class TransformConfig(Model):
@@ -155,7 +39,7 @@ class TransformConfig(Model):
     input: str | None = Field(None, pattern=VIEW)
     args: dict[str, Any] = Field(default_factory=dict)
 
-    @model_validator(mode="after")
+    @_model_validator(mode="after")
     def _one_kind(self) -> TransformConfig:
         if (self.sql is None) == (self.python is None):
             raise ValueError("a transform has exactly one of `sql:` or `python: module:function`")
@@ -164,45 +48,15 @@ class TransformConfig(Model):
         return self
 
 
-# ---------------------------------------------------------------------------------------------
-# Sinks
-# ---------------------------------------------------------------------------------------------
-
-
-class KafkaSinkConfig(Model):
-    bootstrap: str = Field(min_length=1)
-    topic: str = Field(pattern=NAME)
-    partitions: int = Field(1, gt=0)  # used only when eos creates the topic (create_topic: true)
-    create_topic: bool = False
-    config: dict[str, ClientValue] = Field(default_factory=dict)
-
-
-class SinkConfig(Model):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
-    input: str | None = Field(None, pattern=VIEW)
-    kafka: KafkaSinkConfig
-    key: str | None = None  # SQL expression over the input's columns
-    value: str | None = None  # SQL expression; default: all columns (json/avro) or `value`
-    headers: str | None = None  # SQL expression: array<struct<key: string, value: binary>>
-    key_format: Format = FormatConfig(type="string")
-    value_format: Format = FormatConfig(type="json")
-    transactional_id_prefix: str | None = Field(None, pattern=NAME)
-
-
-# ---------------------------------------------------------------------------------------------
-# The pipeline
-# ---------------------------------------------------------------------------------------------
-
-
 class EpochConfig(Model):
-    """Epochs are Spark micro-batches; these are the seed's checkpoint knobs."""
+    """Epochs are Spark micro-batches; these are the checkpointing knobs."""
 
     mode: Literal["exactly-once", "at-least-once"] = "exactly-once"
     trigger: str = "1s"  # a processing-time interval, or "available-now" (drain what exists, stop)
     min_pause: Duration = 0.0
     timeout: Duration = 300.0
     tolerable_failures: int = Field(3, ge=0)
-    slots: int | None = Field(None, gt=0, le=1024)  # sink slots; fixed for the checkpoint's life
+    slots: int | None = Field(None, gt=0, le=1024)  # tasks (sink slots) per epoch; default: Spark's cores
     output_mode: Literal["append", "update"] = "append"
 
     @field_validator("trigger")
@@ -237,20 +91,21 @@ class MetricsConfig(Model):
     port: int | None = Field(None, ge=0, le=65535)  # Prometheus endpoint on the driver; off if unset
 
 
-class PipelineConfig(Model):
+class PipelineBase(Model):
     name: str = Field(pattern=NAME)
     checkpoint: str = Field(min_length=1)
     epochs: EpochConfig = EpochConfig()
-    sources: list[SourceConfig] = Field(min_length=1)
     transforms: list[TransformConfig] = Field(default_factory=list)
-    sinks: list[SinkConfig] = Field(min_length=1)
     spark: SparkConfig = SparkConfig()
     ledger: LedgerConfig = LedgerConfig()
     coordinator: CoordinatorConfig = CoordinatorConfig()
     metrics: MetricsConfig = MetricsConfig()
+    # Set by the kind-specific model below; listed here for type checkers.
+    sources: list[Any]
+    sinks: list[Any]
 
-    @model_validator(mode="after")
-    def _names_and_references(self) -> PipelineConfig:
+    @_model_validator(mode="after")
+    def _names_and_references(self) -> PipelineBase:
         views: list[str] = []
         for kind, name in [("source", s.name) for s in self.sources] + [("transform", t.name) for t in self.transforms]:
             if name in views:
@@ -274,11 +129,8 @@ class PipelineConfig(Model):
     def last_view(self) -> str:
         return self.transforms[-1].name if self.transforms else self.sources[-1].name
 
-    def sink_input(self, sink: SinkConfig) -> str:
+    def sink_input(self, sink: SinkEntry) -> str:
         return sink.input or self.last_view
-
-    def transactional_id(self, sink: SinkConfig, slot: int) -> str:
-        return f"{sink.transactional_id_prefix or self.name}-{sink.name}-{slot}"
 
     @property
     def ledger_topic(self) -> str:
@@ -288,22 +140,90 @@ class PipelineConfig(Model):
     def consumer_group(self) -> str:
         return f"eos-{self.name}"
 
+    @property
+    def exactly_once(self) -> bool:
+        return self.epochs.mode == "exactly-once"
+
     def checkpoint_path(self, base_dir: Path | None = None) -> str:
         if "://" in self.checkpoint or self.checkpoint.startswith("/") or base_dir is None:
             return self.checkpoint
         return str((base_dir / self.checkpoint).resolve())
 
 
+# A pipeline's config type; its sources and sinks are the registered kinds' models.
+PipelineConfig = PipelineBase
+
+
+def kind_of(entry: Any) -> str | None:
+    """The kind an entry names: its one section that is a registered connector kind."""
+    if isinstance(entry, Mapping):
+        kinds = {**registry.source_kinds(), **registry.sink_kinds()}
+        found = [k for k in kinds if k in entry]
+        return found[0] if len(found) == 1 else None
+    for kinds in (registry.source_kinds(), registry.sink_kinds()):
+        for kind, connector in kinds.items():
+            if isinstance(entry, connector.entry_model):
+                return kind
+    return None
+
+
+def _entries(kinds: Mapping[str, type[Model]], what: str) -> Any:
+    if not kinds:
+        raise ConfigError(f"no {what} connectors are installed (entry point group {registry.GROUP})")
+    if len(kinds) == 1:
+        return next(iter(kinds.values()))
+    members = tuple(Annotated[model, Tag(kind)] for kind, model in kinds.items())
+    return Annotated[
+        Union[members],  # noqa: UP007 - a runtime tuple of members
+        Discriminator(
+            kind_of,
+            custom_error_type="entry_kind",
+            custom_error_message=f"a {what} names its kind with exactly one section: {' or '.join(sorted(kinds))}",
+        ),
+    ]
+
+
+@cache
+def pipeline_model() -> type[PipelineBase]:
+    """The pipeline model with the registered connectors' entry models (built once)."""
+    sources = {k: c.entry_model for k, c in registry.source_kinds().items()}
+    sinks = {k: c.entry_model for k, c in registry.sink_kinds().items()}
+    return create_model(  # type: ignore[call-overload]
+        "PipelineConfig",
+        __base__=PipelineBase,
+        sources=(list[_entries(sources, "source")], Field(min_length=1)),
+        sinks=(list[_entries(sinks, "sink")], Field(min_length=1)),
+    )
+
+
 # ---------------------------------------------------------------------------------------------
-# Loading, errors, redaction
+# Loading, errors
 # ---------------------------------------------------------------------------------------------
 
 
-def _model_at(path: tuple[Any, ...]) -> type[BaseModel] | None:
+def _without_tags(loc: tuple[Any, ...]) -> tuple[tuple[Any, ...], str | None]:
+    """Pydantic puts the chosen kind into an error's location (sinks.0.kafka.topic becomes
+    sinks.0.kafka.kafka.topic): drop it, and say which kind it was."""
+    loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
+    for i in range(len(loc) - 2):
+        if loc[i] in ("sources", "sinks") and isinstance(loc[i + 1], int):
+            kinds = registry.source_kinds() if loc[i] == "sources" else registry.sink_kinds()
+            if len(kinds) > 1 and loc[i + 2] in kinds:  # only a choice among kinds is tagged
+                return loc[: i + 2] + loc[i + 3 :], loc[i + 2]
+    return loc, None
+
+
+def _model_at(path: tuple[Any, ...], kind: str | None) -> type[BaseModel] | None:
     """The model class that owns the field at `path` (for suggestions on unknown fields)."""
-    model: Any = PipelineConfig
-    for part in path:
+    model: Any = pipeline_model()
+    for index, part in enumerate(path):
         if isinstance(part, int):
+            if index >= 1 and path[index - 1] in ("sources", "sinks"):
+                owner = registry.source_kinds() if path[index - 1] == "sources" else registry.sink_kinds()
+                chosen = owner.get(kind or "") or (next(iter(owner.values())) if len(owner) == 1 else None)
+                if chosen is None:
+                    return None
+                model = chosen.entry_model
             continue
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return None
@@ -312,26 +232,26 @@ def _model_at(path: tuple[Any, ...]) -> type[BaseModel] | None:
         )
         if field_info is None:
             return None
-        annotation = field_info.annotation
-        for candidate in (annotation, *getattr(annotation, "__args__", ())):
-            for inner in (candidate, *getattr(candidate, "__args__", ())):
-                if isinstance(inner, type) and issubclass(inner, BaseModel):
-                    model = inner
-                    break
-            else:
-                continue
-            break
-        else:
+        model = _inner_model(field_info.annotation)
+        if model is None and part not in ("sources", "sinks"):
             return None
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    for candidate in (annotation, *getattr(annotation, "__args__", ())):
+        for inner in (candidate, *getattr(candidate, "__args__", ())):
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                return inner
+    return None
+
+
 def _describe(error: Mapping[str, Any], loaded: LoadedYaml) -> str:
-    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
+    loc, kind = _without_tags(tuple(error["loc"]))
     dotted = ".".join(str(p) for p in loc) or "(top level)"
     where = loaded.where(loc)
     if error["type"] == "extra_forbidden":
-        model = _model_at(loc[:-1])
+        model = _model_at(loc[:-1], kind)
         known = sorted({f.alias or name for name, f in model.model_fields.items()} if model else set())
         close = difflib.get_close_matches(str(loc[-1]), known, n=3, cutoff=0.5)
         suggestion = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
@@ -343,11 +263,11 @@ def _describe(error: Mapping[str, Any], loaded: LoadedYaml) -> str:
     return f"{where}: {dotted}: {message}"
 
 
-def pipeline_from_yaml(loaded: LoadedYaml) -> PipelineConfig:
+def pipeline_from_yaml(loaded: LoadedYaml) -> PipelineBase:
     if not isinstance(loaded.data, dict):
         raise ConfigError(f"{loaded.file}: a pipeline file is a mapping (name:, checkpoint:, sources:, sinks:, ...)")
     try:
-        return PipelineConfig.model_validate(loaded.data)
+        return pipeline_model().model_validate(loaded.data)
     except ValidationError as exc:
         problems = [_describe(e, loaded) for e in exc.errors()]
         unique = list(dict.fromkeys(problems))
@@ -356,20 +276,12 @@ def pipeline_from_yaml(loaded: LoadedYaml) -> PipelineConfig:
         ) from None
 
 
-def load_pipeline(path: str | Path, env: Mapping[str, str] | None = None) -> PipelineConfig:
+def load_pipeline(path: str | Path, env: Mapping[str, str] | None = None) -> PipelineBase:
     return pipeline_from_yaml(load_yaml(path, env))
 
 
-def parse_pipeline(text: str, env: Mapping[str, str] | None = None) -> PipelineConfig:
+def parse_pipeline(text: str, env: Mapping[str, str] | None = None) -> PipelineBase:
     return pipeline_from_yaml(parse_yaml(text, "<string>", env))
 
 
-def redacted(value: Any, key: str = "") -> Any:
-    """A copy fit to print or log: values under secret-looking keys are masked."""
-    if isinstance(value, BaseModel):
-        value = value.model_dump(by_alias=True)
-    if isinstance(value, dict):
-        return {k: ("***" if SECRET_KEY.search(str(k)) else redacted(v, str(k))) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redacted(v, key) for v in value]
-    return value
+__all__ += ["SinkEntry", "SourceEntry", "TransformConfig"]

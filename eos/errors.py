@@ -1,10 +1,29 @@
-"""User-facing errors: each says what is wrong, where, and what to do about it.
+"""User-facing errors, and the one typed hierarchy that decides retry versus stop.
 
-The CLI prints `EosError`s without a traceback and exits non-zero; anything else is a
-bug and keeps its traceback.
+Every error eos raises on purpose is an `EosError`: it says what is wrong, where, and what to
+do about it. The CLI prints it without a traceback and exits non-zero; anything else is a bug
+and keeps its traceback.
+
+When an epoch attempt fails, its *type* decides what happens next:
+- `Retriable`: another attempt may succeed (a broker restarting, a fenced producer, a vote
+  that timed out, a schema registry that lags). The attempt is aborted, recovery runs, and the
+  epoch is retried up to `tolerable_failures` times.
+- `Permanent`: no retry can help (a poison record under `on_error: fail`, a deleted topic,
+  another driver took over). The pipeline stops at once with the message.
+- anything else: treated as retriable (Spark task failures, lost executors).
+
+Errors raised inside Spark tasks reach the driver only as text (Spark re-wraps them in its own
+exceptions). `crossing()` therefore carries an `EosError` across that boundary as a one-line
+JSON envelope, and `from_spark()` rebuilds the typed exception on the driver: the type is
+decided where the error happened, never guessed from a message.
 """
 
 from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Iterator
 
 
 class EosError(Exception):
@@ -28,7 +47,7 @@ class ConfigError(EosError):
 
 
 class EnvironmentProblem(EosError):
-    """Something outside eos is missing or broken: Java, Maven, a port, a broker."""
+    """Something outside eos is missing or broken: Java, Maven, a port, a broker, a database."""
 
 
 class CheckpointError(EosError):
@@ -37,3 +56,89 @@ class CheckpointError(EosError):
 
 class EpochFailed(EosError):
     """An epoch could not be committed within its allowed attempts."""
+
+
+# ---------------------------------------------------------------------------------------------
+# What a failed epoch attempt means
+# ---------------------------------------------------------------------------------------------
+
+
+class Retriable(EosError):
+    """Another attempt of the epoch may succeed."""
+
+
+class Permanent(EosError):
+    """No retry can help: the pipeline stops with this message."""
+
+
+class PoisonRecord(Permanent):
+    """A record cannot be decoded and the source says `on_error: fail`."""
+
+
+class SourceFailed(Permanent):
+    """A source cannot continue without the user's decision (topic deleted or recreated, offsets
+    deleted before they were read)."""
+
+
+class DriverFenced(Permanent):
+    """Another driver took over this pipeline; this one must stop without committing."""
+
+
+class SlotAborted(Retriable):
+    """A sink slot gave up on its part of the epoch attempt (told to abort, fenced, timed out)."""
+
+
+class DependencyUnavailable(Retriable):
+    """A service a record's fate depends on (a schema registry) did not answer or lagged: the
+    attempt fails rather than let an outage decide where a record goes."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Crossing the Spark task boundary
+# ---------------------------------------------------------------------------------------------
+
+_ENVELOPE = "EOS-ERROR"
+_FOUND = re.compile(re.escape(_ENVELOPE) + r"(\{.*?\})" + re.escape(_ENVELOPE))
+_TYPES: dict[str, type[EosError]] = {
+    cls.__name__: cls
+    for cls in (
+        EosError, ConfigError, EnvironmentProblem, CheckpointError, EpochFailed, Retriable, Permanent, PoisonRecord,
+        SourceFailed, DriverFenced, SlotAborted, DependencyUnavailable,
+    )
+}  # fmt: skip
+
+
+def to_wire(error: EosError) -> str:
+    """One line that survives Spark's re-wrapping and names the error's type."""
+    body = json.dumps({"type": type(error).__name__, "message": error.message, "hint": error.hint})
+    return f"{_ENVELOPE}{body}{_ENVELOPE}"
+
+
+class TaskError(RuntimeError):
+    """An EosError raised inside a Spark task, as the wire envelope (see `crossing`)."""
+
+
+@contextlib.contextmanager
+def crossing() -> Iterator[None]:
+    """Wrap task-side code: an EosError leaves the task as a TaskError carrying its envelope."""
+    try:
+        yield
+    except EosError as error:
+        raise TaskError(to_wire(error)) from None
+
+
+def from_spark(error: BaseException) -> EosError | None:
+    """The EosError a Spark/Py4J failure carries, rebuilt with its type; None if it carries none.
+    Spark quotes a failure several times (task, stage, job): the first envelope is the cause."""
+    for found in _FOUND.finditer(str(error)):
+        try:
+            data = json.loads(found.group(1))
+        except json.JSONDecodeError:  # a quoted copy (escaped inside a plan string): try the next
+            continue
+        cls = _TYPES.get(data.get("type"), EosError)
+        return cls(data.get("message", ""), data.get("hint"))
+    return None
+
+
+def is_permanent(error: BaseException) -> bool:
+    return isinstance(error, Permanent) or isinstance(from_spark(error), Permanent)

@@ -1,32 +1,27 @@
-"""From a validated pipeline config to one streaming DataFrame of sink rows.
+"""From a validated pipeline config to one streaming DataFrame: the epoch's rows for every sink.
 
-sources -> decoded, watermarked SQL views -> transforms (SQL or Python) -> each sink's rows,
-encoded -> one union (sink, key, value, headers), dead-letter rows included. One streaming
-query, one checkpoint, and every sink's output of an epoch is committed together.
+sources -> decoded, watermarked SQL views -> transforms (SQL or Python) -> each sink's rows ->
+one union, every sink's rows in a struct column of their own and tagged with the sink's index
+(eos.protocol.plan), dead-letter rows included. One streaming query and one checkpoint: every
+epoch's output, over all sinks, is decided and committed as one unit. (Readers may still see
+part of an epoch while its commit phase runs, or while a crashed driver is down: commits are per
+sink and slot. See docs/EXACTLY_ONCE.md.)
 """
 
 from __future__ import annotations
 
 import importlib
-import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
 from typing import Any
 
-from eos_connectors.formats import decode_source, encode_sink, poison_sink_name, source_view, split_poison
-from eos_connectors.kafka.clients import only_connection_settings
-from eos_connectors.kafka.sink import SinkTarget
-from eos_connectors.kafka.source import FORMAT_NAME, KafkaSource, SourceOptions
-
-from eos.config import KafkaSinkConfig, KafkaSourceConfig, PipelineConfig
+from eos import registry
+from eos.config import PipelineConfig, kind_of
 from eos.errors import ConfigError, EosError
-from eos.failpoints import DISARMED, Failpoints
-from eos.protocol.checkpoint import Checkpoint, CheckpointMeta
-
-
-def client_config(kafka: KafkaSourceConfig | KafkaSinkConfig) -> dict[str, Any]:
-    return {"bootstrap.servers": kafka.bootstrap, **kafka.config}
+from eos.protocol.plan import SINK_TAG, SinkPlan, sink_column
+from eos.protocol.sink import PipelineInfo, Recovery, SinkConnector
+from eos.protocol.source import ERROR, POISON_COLUMNS, SourceConnector, StreamOptions
 
 
 def load_function(reference: str):
@@ -41,91 +36,87 @@ def load_function(reference: str):
     return function
 
 
-def sink_targets(config: PipelineConfig) -> dict[str, SinkTarget]:
-    """Every sink of the pipeline, dead-letter queues and skip counters included."""
-    targets = {
-        sink.name: SinkTarget(
-            sink.name,
-            sink.kafka.topic,
-            client_config(sink.kafka),
-            f"{sink.transactional_id_prefix or config.name}-{sink.name}",
-        )
-        for sink in config.sinks
+@dataclass
+class Connectors:
+    sources: list[SourceConnector]
+    sinks: list[SinkConnector]  # the configured sinks, then each source's dead-letter queue
+
+
+def connectors(config: PipelineConfig, pipeline: PipelineInfo) -> Connectors:
+    """The connector of every entry, found by its kind."""
+    sources = [registry.source_kinds()[kind_of(entry)](entry, pipeline) for entry in config.sources]
+    sinks = [registry.sink_kinds()[kind_of(entry)](entry, pipeline) for entry in config.sinks]
+    sinks += [dlq for dlq in (source.dead_letters() for source in sources) if dlq is not None]
+    return Connectors(sources, sinks)
+
+
+def replay_config(config: PipelineConfig, found: Connectors, parallelism: int) -> dict[str, Any]:
+    """Everything that decides what a replay of an epoch writes: pinned while an epoch is pending."""
+    return {
+        "sources": [source.replay_identity() for source in found.sources],
+        "transforms": [t.model_dump(mode="json") for t in config.transforms],
+        "sinks": [{"kind": type(sink).kind, **sink.replay_identity()} for sink in found.sinks],
+        "parallelism": parallelism,
+        "output_mode": config.epochs.output_mode,
+        "mode": config.epochs.mode,
     }
-    for source in config.sources:
-        if source.on_error == "fail":
-            continue
-        name = poison_sink_name(source)
-        targets[name] = SinkTarget(
-            name,
-            source.dlq_topic if source.on_error == "dlq" else None,
-            only_connection_settings(client_config(source.kafka)),
-            f"{config.name}-{name.replace('.', '-')}",
-        )
-    return targets
 
 
 @dataclass
 class BuiltPipeline:
-    stream: Any  # streaming DataFrame (sink, key, value, headers)
-    targets: dict[str, SinkTarget]
+    stream: Any  # the union of every sink's rows
+    plans: tuple[SinkPlan, ...]  # in the union's order (a sink's index is its tag)
 
 
 def build(
-    spark,
+    spark: Any,
     config: PipelineConfig,
-    meta: CheckpointMeta,
-    base_dir: Path | None = None,
-    failpoints: Failpoints = DISARMED,
+    found: Connectors,
+    pins: dict[str, dict[str, Any]],
+    options: StreamOptions,
 ) -> BuiltPipeline:
-    spark.dataSource.register(KafkaSource)
-    plans = Checkpoint(config.checkpoint_path(base_dir)).meta_dir / "plans"
-    run_id = uuid.uuid4().hex[:12]
-    rows = []
-    for source in config.sources:
-        kafka = source.kafka
-        options = SourceOptions(
-            name=source.name,
-            client=client_config(kafka),
-            topics=list(kafka.topics),
-            starting=meta.sources[source.name]["starting"],
-            max_records_per_epoch=kafka.max_records_per_epoch,
-            max_records_per_task=kafka.max_records_per_task,
-            read_committed=kafka.isolation == "read_committed",
-            on_out_of_range=kafka.on_out_of_range,
-            group_id=f"{config.consumer_group}.{source.name}",
-            plan_dir=str(plans / source.name),
-            run_id=run_id,
-            failpoints=[p.spec() for p in failpoints.points if p.name == "source.read"],
-            failpoint_state=failpoints.state_dir,
-            driver_pgid=failpoints.driver_pgid,
-        )
-        # Two Spark sources per config source, whatever on_error says (see split_poison): the rows
-        # of the view, and the poison rows (which read nothing under `fail`).
-        view_branch, poison_branch = (
-            spark.readStream.format(FORMAT_NAME).option("eos.source", branch.to_json()).load()
-            for branch in (
-                options,
-                replace(options, follower=True, reads=source.on_error != "fail", group_id=None),
-            )
-        )
-        good, poison = split_poison(
-            decode_source(view_branch, source, base_dir),
-            decode_source(poison_branch, source, base_dir),
-            source,
-            config.name,
-        )
-        view = source_view(good, source)
-        if source.watermark is not None:
-            if source.watermark.column not in view.columns:
+    from pyspark.sql import functions as F
+
+    parts: list[tuple[str, Any, Any]] = []  # (sink name, its rows, its writer or None)
+    poison_parts: list[tuple[str, Any, Any]] = []
+    dead_letters = {sink.name: sink for sink in found.sinks[len(config.sinks) :]}
+    for source in found.sources:
+        rows = source.stream(spark, pins[source.name], options)
+        view = rows.filter(F.col(ERROR).isNull()).drop(*POISON_COLUMNS)
+        watermark = source.entry.watermark
+        if watermark is not None:
+            if watermark.column not in view.columns:
                 raise ConfigError(
-                    f"source {source.name}: watermark column {source.watermark.column!r} is not one of "
-                    f"{', '.join(view.columns)}"
+                    f"source {source.name}: watermark column {watermark.column!r} is not one of {', '.join(view.columns)}"
                 )
-            view = view.withWatermark(source.watermark.column, f"{int(source.watermark.delay * 1000)} milliseconds")
+            view = view.withWatermark(watermark.column, f"{int(watermark.delay * 1000)} milliseconds")
         view.createOrReplaceTempView(source.name)
-        if poison is not None:
-            rows.append(poison)
+        # Poison rows are read by a second scan of the same epoch's input only when they go
+        # somewhere; under `fail` the read task stops at the first one.
+        poison = rows.filter(F.col(ERROR).isNotNull())
+        if source.entry.on_error == "skip":
+            poison_parts.append((f"{source.name}.skipped", poison.select(F.lit(1).alias("n")), None))
+        elif source.entry.on_error == "dlq":
+            sink = dead_letters[f"{source.name}.dlq"]
+            poison_parts.append((sink.name, sink.rows(poison), sink))
+    _transforms(spark, config)
+    for sink, entry in zip(found.sinks, config.sinks, strict=False):
+        try:
+            parts.append((sink.name, sink.rows(spark.table(config.sink_input(entry))), sink))
+        except EosError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"sink {sink.name!r}: {str(exc).splitlines()[0]}") from exc
+    tagged, plans = [], []
+    for index, (name, rows, sink) in enumerate(parts + poison_parts):
+        tagged.append(rows.select(F.lit(index).alias(SINK_TAG), F.struct(*rows.columns).alias(sink_column(index))))
+        by_owner = sink is not None and type(sink).recovery is Recovery.REPLAY
+        plans.append(SinkPlan(name, index, sink.writer() if sink is not None else None, by_owner))
+    stream = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), tagged)
+    return BuiltPipeline(stream, tuple(plans))
+
+
+def _transforms(spark: Any, config: PipelineConfig) -> None:
     previous = config.sources[-1].name
     for transform in config.transforms:
         try:
@@ -141,12 +132,14 @@ def build(
             raise ConfigError(f"transform {transform.name!r} must return a streaming DataFrame derived from its input")
         result.createOrReplaceTempView(transform.name)
         previous = transform.name
-    for sink in config.sinks:
-        try:
-            rows.append(encode_sink(spark.table(config.sink_input(sink)), sink, base_dir))
-        except EosError:
-            raise
-        except Exception as exc:
-            raise ConfigError(f"sink {sink.name!r}: {str(exc).splitlines()[0]}") from exc
-    stream = reduce(lambda a, b: a.unionByName(b), rows)
-    return BuiltPipeline(stream, sink_targets(config))
+
+
+def pipeline_info(config: PipelineConfig, checkpoint_id: str, base_dir: Path | None) -> PipelineInfo:
+    return PipelineInfo(
+        name=config.name,
+        checkpoint_id=checkpoint_id,
+        exactly_once=config.exactly_once,
+        epoch_timeout_s=config.epochs.timeout,
+        base_dir=base_dir,
+        ledger=config.ledger_topic,
+    )

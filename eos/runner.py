@@ -1,8 +1,14 @@
 """`eos run`: one pipeline as one Spark Structured Streaming query, exactly once.
 
-Start-up order matters: lock the checkpoint, check it belongs to this pipeline, resolve (once)
-and pin the sources' starting offsets, check topics and slots, build the plan, then recover:
-fence every transactional id and read the ledger, before Spark replays anything.
+Start-up order matters:
+  1. read the checkpoint's metadata (or create it), check it belongs to this pipeline, that every
+     source still reads what it pinned, and that nothing that decides a replay changed while an
+     epoch is pending;
+  2. check every source and sink (topics exist, settings the protocol needs), build the plan;
+  3. take the pipeline over in the control log: ask the previous driver whether it still runs
+     (refuse unless --take-over), then fence it;
+  4. recover (eos.protocol.recovery): fence, resolve, read the ledgers; only then start Spark,
+     which replays the pending epoch, if any, with its logged offsets.
 """
 
 from __future__ import annotations
@@ -10,31 +16,27 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eos_connectors.kafka import offsets as planning
-from eos_connectors.kafka.clients import (
-    BrokerUnreachable,
-    UnknownTopic,
-    admin_client,
-    create_topic,
-    describe_partitions,
-)
-from eos_connectors.kafka.source import SourceError, resolve_starting_offsets
-
 from eos.config import PipelineConfig, load_pipeline, parse_duration
-from eos.errors import CheckpointError, ConfigError, EnvironmentProblem, EosError, EpochFailed
+from eos.errors import CheckpointError, ConfigError, EosError, EpochFailed, from_spark
 from eos.failpoints import from_specs
-from eos.pipeline import build, client_config
+from eos.pipeline import Connectors, build, connectors, pipeline_info, replay_config
 from eos.protocol.checkpoint import Checkpoint, CheckpointMeta
-from eos.protocol.committer import EpochCommitter, EpochListener, user_message
-from eos.protocol.coordinator import Coordinator
+from eos.protocol.committer import EpochCommitter
+from eos.protocol.coordinator import Coordinator, ping
+from eos.protocol.decision import ControlLog, ControlState, DriverInfo
+from eos.protocol.plan import digest
+from eos.protocol.report import EpochListener
+from eos.protocol.source import StreamOptions
 
 log = logging.getLogger("eos.runner")
 
@@ -57,6 +59,8 @@ class RunOptions:
     metrics_port: int | None = None
     spark: Any = None  # an existing SparkSession (tests); the runner uses a new session of it
     install_signal_handlers: bool = True
+    take_over: bool = False  # fence a driver that still answers, instead of refusing to start
+    finish_pending: bool = False  # replay the pending epoch, then stop
 
 
 @dataclass
@@ -71,135 +75,140 @@ class _Tally(EpochListener):
     def __init__(self, result: RunResult):
         self.result = result
 
-    def on_epoch_committed(self, report) -> None:
+    def on_epoch_committed(self, report: Any) -> None:
         self.result.epochs_committed += 1
         for sink, n in report.records_out.items():
             self.result.records_out[sink] = self.result.records_out.get(sink, 0) + n
 
 
-def _with_retries(what: str, bootstrap: str, call, attempts: int | None = None, wait_s: float | None = None):
-    """Bounded retries for reaching a cluster at start-up, then a clear message. Defaults: 3
-    attempts 5 s apart (EOS_STARTUP_ATTEMPTS, EOS_STARTUP_RETRY_WAIT_S change them)."""
-    attempts = max(1, attempts or int(os.environ.get("EOS_STARTUP_ATTEMPTS", "3")))
-    wait_s = wait_s if wait_s is not None else float(os.environ.get("EOS_STARTUP_RETRY_WAIT_S", "5"))
-    for attempt in range(1, attempts + 1):
-        try:
-            return call()
-        except BrokerUnreachable as exc:
-            if attempt == attempts:
-                raise EnvironmentProblem(
-                    f"{what}: cannot reach Kafka at {bootstrap} after {attempts} attempts over "
-                    f"~{attempts * (10 + wait_s) - wait_s:.0f} s ({exc})",
-                    hint="is the broker running (`eos kafka status`) and is bootstrap right?",
-                ) from None
-            log.warning("%s: Kafka at %s unreachable (attempt %d/%d), retrying", what, bootstrap, attempt, attempts)
-            time.sleep(wait_s)
+# ---------------------------------------------------------------------------------------------
+# 1. The checkpoint's metadata
+# ---------------------------------------------------------------------------------------------
 
 
-def _check_sink_topics(config: PipelineConfig) -> None:
-    for sink in config.sinks:
-        admin = admin_client(client_config(sink.kafka))
-        try:
-            _with_retries(
-                f"sink {sink.name}",
-                sink.kafka.bootstrap,
-                lambda a=admin, s=sink: describe_partitions(a, [s.kafka.topic]),
-            )
-        except UnknownTopic:
-            if not sink.kafka.create_topic:
-                raise ConfigError(
-                    f"sink {sink.name}: topic {sink.kafka.topic!r} does not exist on {sink.kafka.bootstrap}",
-                    hint="create it, or set `create_topic: true` (with `partitions: N`) on the sink",
-                ) from None
-            create_topic(admin, sink.kafka.topic, sink.kafka.partitions)
-    for source in config.sources:
-        if source.dlq_topic:
-            create_topic(admin_client(client_config(source.kafka)), source.dlq_topic, 1)
-
-
-def _resolve_sources(config: PipelineConfig) -> dict[str, dict[str, Any]]:
-    resolved = {}
-    for source in config.sources:
-        kafka = source.kafka
-        try:
-            offsets = _with_retries(
-                f"source {source.name}", kafka.bootstrap,
-                lambda k=kafka: resolve_starting_offsets(
-                    client_config(k), list(k.topics), k.starting_offsets, k.isolation == "read_committed"
-                ),
-            )  # fmt: skip
-        except UnknownTopic as exc:
-            raise ConfigError(
-                f"source {source.name}: topic {exc.topic!r} does not exist on {kafka.bootstrap}"
-            ) from None
-        except SourceError as exc:
-            raise ConfigError(f"source {source.name}: {exc}") from None
-        resolved[source.name] = {"topics": list(kafka.topics), "starting": planning.encode(offsets)}
-    return resolved
-
-
-def prepare_checkpoint(config: PipelineConfig, checkpoint: Checkpoint, parallelism: int) -> tuple[CheckpointMeta, bool]:
-    """Read (or create, on first start) the checkpoint's eos metadata and check it against the
-    config. Returns (meta, created)."""
+def prepare_checkpoint(
+    config: PipelineConfig, checkpoint: Checkpoint, found_for: Any, parallelism: int
+) -> tuple[CheckpointMeta, Connectors, bool]:
+    """Read (or create) the checkpoint's eos metadata and check the config against it. Returns
+    (meta, connectors, created). `found_for(checkpoint_id)` builds the connectors."""
     meta = checkpoint.read_meta()
     if meta is None:
-        slots = config.epochs.slots or parallelism
-        meta = Checkpoint.new_meta(
-            config.name, slots, config.epochs.mode, _resolve_sources(config), [s.name for s in config.sinks]
+        found = found_for(Checkpoint.new_id())
+        pins = {source.name: source.pin() for source in found.sources}
+        replay = replay_config(config, found, parallelism)
+        meta = CheckpointMeta(
+            config.name, found.sources[0].pipeline.checkpoint_id, config.epochs.mode, pins, replay, digest(replay)
         )
-        return meta, True
+        return meta, found, True
     checkpoint.check_owner(meta, config.name)
-    if config.epochs.slots is not None and config.epochs.slots != meta.slots:
-        raise CheckpointError(
-            f"the checkpoint {checkpoint.root} was created with {meta.slots} sink slots; the pipeline now asks for "
-            f"{config.epochs.slots}. Slot routing is fixed for a checkpoint's life (a replay must send every record "
-            "to the slot it went to before).",
-            hint=f"change it safely with `eos rescale PIPELINE --slots {config.epochs.slots}` while it is stopped",
-        )
     if meta.mode != config.epochs.mode:
         raise CheckpointError(
-            f"the checkpoint {checkpoint.root} was written in mode {meta.mode}; the pipeline now says "
+            f"the checkpoint {checkpoint.uri} was written in mode {meta.mode}; the pipeline now says "
             f"{config.epochs.mode}. Use a new checkpoint location to switch modes."
         )
-    known, wanted = set(meta.sources), {s.name for s in config.sources}
+    found = found_for(meta.checkpoint_id)
+    known, wanted = set(meta.sources), {s.name for s in found.sources}
     if known != wanted:
         raise CheckpointError(
             f"the pipeline's sources changed ({sorted(known)} -> {sorted(wanted)}); Spark cannot resume a "
             "checkpoint whose sources differ. Use a new checkpoint location."
         )
-    for source in config.sources:
-        if sorted(meta.sources[source.name]["topics"]) != sorted(source.kafka.topics):
-            raise CheckpointError(
-                f"source {source.name}: topics changed from {meta.sources[source.name]['topics']} to "
-                f"{list(source.kafka.topics)}; use a new checkpoint location"
-            )
+    for source in found.sources:
+        source.check_pin(meta.sources[source.name])
     _check_offset_log(checkpoint)
-    return meta, False
+    pending = checkpoint.pending_replay()
+    if pending is not None and config.epochs.slots is None:
+        parallelism = int(meta.replay.get("parallelism", parallelism))  # the pending epoch's own
+    replay = replay_config(config, found, parallelism)
+    if pending is not None and digest(replay) != meta.replay_digest:
+        raise CheckpointError(
+            f"epoch {pending} is pending (logged, not committed) and must be replayed with the config it was planned "
+            f"with, but the pipeline changed: {'; '.join(describe_changes(meta.replay, replay)) or 'see the file'}. "
+            "Replaying it under the new config would route or encode its records differently (loss plus duplicates).",
+            hint="restore the previous pipeline file, run `eos run FILE --finish-pending` (it replays the pending "
+            "epoch and stops), then start with the new file",
+        )
+    meta.replay, meta.replay_digest = replay, digest(replay)
+    return meta, found, False
+
+
+def describe_changes(before: Any, after: Any, path: str = "") -> list[str]:
+    """Human-readable differences between two JSON-like values."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        out: list[str] = []
+        for key in sorted(set(before) | set(after), key=str):
+            out += describe_changes(before.get(key), after.get(key), f"{path}.{key}" if path else str(key))
+        return out
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+        out = []
+        for index, (a, b) in enumerate(zip(before, after, strict=True)):
+            name = a.get("name") if isinstance(a, dict) and a.get("name") == (b or {}).get("name") else index
+            out += describe_changes(a, b, f"{path}[{name}]")
+        return out
+    return [] if before == after else [f"{path}: {before!r} -> {after!r}"]
 
 
 def _check_offset_log(checkpoint: Checkpoint) -> None:
-    """The epoch Spark will replay must be readable: refuse to start on a damaged offset log
-    with a message that says so, instead of failing inside Spark."""
+    """The epoch Spark will replay must be readable: refuse to start on a damaged offset log with
+    a message that says so, instead of failing inside Spark."""
     last = checkpoint.last_logged_epoch()
     if last is None:
         return
-    path = checkpoint.root / "offsets" / str(last)
-    # Spark's streaming sources (each config source is two: see eos_connectors.formats.split_poison),
-    # one JSON line each; logged_offsets raises CheckpointError on a line that does not parse.
     if not checkpoint.logged_offsets(last):
         raise CheckpointError(
-            f"Spark's offset log {path} is corrupt: it holds no source offsets; refusing to start (eos never "
-            "silently resets). Restore the checkpoint from a backup, or start on a new checkpoint location."
+            f"Spark's offset log {checkpoint.uri}/offsets/{last} is corrupt: it holds no source offsets; refusing "
+            "to start (eos never silently resets). Restore the checkpoint from a backup, or start on a new "
+            "checkpoint location."
         )
 
 
-def _coordinator(config: PipelineConfig, spark) -> Coordinator:
+# ---------------------------------------------------------------------------------------------
+# 3. One driver
+# ---------------------------------------------------------------------------------------------
+
+
+def take_over(control: ControlLog, driver: DriverInfo, allow: bool) -> ControlState:
+    """Refuse to start while another driver of this pipeline answers (unless told to fence it);
+    then fence every earlier driver. Fencing is what keeps two drivers from both committing;
+    asking first turns an accidental second start into a clear error instead of a takeover."""
+    previous = control.previous_driver()
+    if previous is not None and previous.run != driver.run and not allow:
+        alive = ping(previous.address)
+        if alive is not None:
+            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(previous.started_at))
+            raise CheckpointError(
+                f"another eos driver is running this pipeline: pid {previous.pid} on {previous.host} (vote service "
+                f"{previous.address}, started {started}). Two drivers must never run one pipeline.",
+                hint="stop it first; or, if it is a stale process you cannot reach, start with --take-over (the "
+                "old driver is fenced: it can no longer commit and stops at its next epoch)",
+            )
+    return control.take_over(driver)
+
+
+def _coordinator(config: PipelineConfig, spark: Any, identity: dict[str, Any]) -> Coordinator:
     master = spark.sparkContext.master
     host = config.coordinator.host
     if host is None:
         host = "127.0.0.1" if master.startswith("local") else spark.conf.get("spark.driver.host")
     bind = "127.0.0.1" if host == "127.0.0.1" else "0.0.0.0"
-    return Coordinator(bind_host=bind, port=config.coordinator.port, advertise_host=host)
+    return Coordinator(bind_host=bind, port=config.coordinator.port, advertise_host=host, identity=identity)
+
+
+def check_spark(spark: Any) -> None:
+    """Spark settings the protocol cannot work with, refused up front with the reason."""
+    conf = spark.sparkContext.getConf()
+    if conf.get("spark.python.worker.reuse", "true").lower() == "false":
+        raise ConfigError(
+            "spark.python.worker.reuse is false: eos keeps each transactional producer in the Python worker that "
+            "pre-committed with it until the epoch's commit decision; without worker reuse the worker exits first "
+            "and every epoch is replayed",
+            hint="remove spark.python.worker.reuse=false from the Spark config",
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# eos run
+# ---------------------------------------------------------------------------------------------
 
 
 def run(path: str | Path, options: RunOptions | None = None) -> RunResult:
@@ -208,45 +217,60 @@ def run(path: str | Path, options: RunOptions | None = None) -> RunResult:
 
 
 def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOptions) -> RunResult:
-    from eos_connectors.formats import check_formats
-
     from eos.observe.metrics import start_telemetry
     from eos.observe.progress import ProgressPrinter, SparkProgressBridge
     from eos.sparksession import build_spark
 
-    check_formats(config, base_dir)  # a missing or invalid schema file fails before Spark or Kafka
-    checkpoint = Checkpoint(config.checkpoint_path(base_dir))
-    checkpoint.lock()
-    coordinator = None
-    telemetry = None
+    location = config.checkpoint_path(base_dir)
     result = RunResult(config.name)
+    coordinator: Coordinator | None = None
+    control: ControlLog | None = None
+    telemetry = None
+    found: Connectors | None = None
     try:
-        failpoints = from_specs(options.failpoints, str(checkpoint.meta_dir / "failpoints"))
         if options.spark is not None:
             spark = options.spark.newSession()
         else:
-            master = options.master or config.spark.master
             conf = {k: str(v) for k, v in config.spark.conf.items()}
-            spark = build_spark(f"eos-{config.name}", master=master, conf=conf, checkpoint=checkpoint.root.as_posix())
-        parallelism = spark.sparkContext.defaultParallelism
-        meta, created = prepare_checkpoint(config, checkpoint, parallelism)
-        if meta.slots > parallelism:
-            raise ConfigError(
-                f"{meta.slots} sink slots need {meta.slots} task slots running at once (one barrier stage), but this "
-                f"Spark offers {parallelism} (master {spark.sparkContext.master}). Refusing to start instead of "
-                "waiting on a barrier stage that cannot be scheduled.",
-                hint="give Spark more cores (local[N], more executors) or use fewer slots",
+            spark = build_spark(
+                f"eos-{config.name}", master=options.master or config.spark.master, conf=conf, checkpoint=location
             )
-        _check_sink_topics(config)
-        built = build(spark, config, meta, base_dir, failpoints)
-        if created:
-            checkpoint.write_meta(meta)
-        exactly_once = config.epochs.mode == "exactly-once"
-        coordinator = _coordinator(config, spark) if exactly_once else None
-        metrics_port = options.metrics_port if options.metrics_port is not None else config.metrics.port
-        telemetry = start_telemetry(
-            config, meta.slots, built.targets, checkpoint, meta, coordinator, metrics_port, lag=options.progress
+        check_spark(spark)
+        checkpoint = Checkpoint(location, spark)
+        failpoints = from_specs(options.failpoints, str(checkpoint.scratch_dir() / "failpoints"))
+        parallelism = config.epochs.slots or spark.sparkContext.defaultParallelism
+
+        def found_for(checkpoint_id: str) -> Connectors:
+            return connectors(config, pipeline_info(config, checkpoint_id, base_dir))
+
+        meta, found, created = prepare_checkpoint(config, checkpoint, found_for, parallelism)
+        for connector in [*found.sources, *found.sinks]:
+            connector.validate()
+        for connector in [*found.sources, *found.sinks]:
+            connector.check(spark)
+        options_ = StreamOptions(
+            parallelism=int(meta.replay["parallelism"]),
+            failpoints=[p.spec() for p in failpoints.points if p.name == "source.read"],
+            failpoint_state=failpoints.state_dir,
+            driver_pgid=failpoints.driver_pgid,
         )
+        built = build(spark, config, found, meta.sources, options_)
+        checkpoint.write_meta(meta)
+        pending = checkpoint.pending_replay()
+        if options.finish_pending and pending is None:
+            print(f"eos: {config.name}: no epoch is pending; nothing to finish", file=sys.stderr, flush=True)
+            return result
+
+        run_id = uuid.uuid4().hex[:12]
+        state = ControlState()
+        if config.exactly_once:
+            coordinator = _coordinator(config, spark, {"pipeline": config.name, "run": run_id})
+            control = found.sources[0].control_log()
+            driver = DriverInfo(run_id, socket.gethostname(), os.getpid(), coordinator.address.hostport)
+            state = take_over(control, driver, options.take_over)
+            coordinator.on_grow = control.record_pools
+        metrics_port = options.metrics_port if options.metrics_port is not None else config.metrics.port
+        telemetry = start_telemetry(config, found, checkpoint, coordinator, metrics_port, lag=options.progress)
         listeners: list[EpochListener] = [_Tally(result), *telemetry.listeners, *options.listeners]
         printer = None
         if options.progress:
@@ -254,30 +278,33 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
             listeners.append(printer)
         committer = EpochCommitter(
             spark,
-            pipeline=config.name,
-            checkpoint_id=meta.checkpoint_id,
-            slots=meta.slots,
-            exactly_once=exactly_once,
-            targets=built.targets,
-            ledger_topic=config.ledger_topic,
+            pipeline=found.sinks[0].pipeline,
+            sinks=found.sinks,
+            plans=built.plans,
+            checkpoint=checkpoint,
+            config_digest=meta.replay_digest,
+            control=control,
             coordinator=coordinator,
-            epoch_timeout_s=config.epochs.timeout,
+            pools=state.pools,
             tolerable_failures=config.epochs.tolerable_failures,
             min_pause_s=config.epochs.min_pause,
             failpoints=failpoints,
             listeners=listeners,
+            run=run_id,
         )
-        pending = _pending_replay(checkpoint)
-        committer.recover(pending or ("first start" if created else "start-up"))
-        committer.stop_requested = False
+        committer.recover(_reason(pending, created))
         trigger = options.trigger or config.epochs.trigger
         writer = (
             built.stream.writeStream.foreachBatch(_guarded(committer))
-            .option("checkpointLocation", checkpoint.root.as_posix())
+            .option("checkpointLocation", checkpoint.uri)
             .outputMode(config.epochs.output_mode)
             .queryName(f"eos-{config.name}")
         )
-        if trigger == "available-now":
+        if options.finish_pending:
+            # Once, on a checkpoint with a pending epoch, runs exactly that epoch again and stops:
+            # no new epoch is planned (and left pending) under the config being retired.
+            writer = writer.trigger(once=True)
+        elif trigger == "available-now":
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=f"{int(parse_duration(trigger) * 1000)} milliseconds")
@@ -287,7 +314,7 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
         try:
             query = writer.start()
             result.stopped_by = _await(query, committer, config.epochs.timeout, options.install_signal_handlers)
-            publish_committed_offsets(config, checkpoint)
+            publish_progress(found, checkpoint)
         finally:
             if query is not None:
                 bridge.catch_up(query)  # the bus is asynchronous: the last batch's progress may lag
@@ -300,54 +327,41 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
             telemetry.close()
         if coordinator is not None:
             coordinator.close()
-        checkpoint.unlock()
+        if control is not None:
+            control.close()
+        if found is not None:
+            for connector in [*found.sources, *found.sinks]:
+                connector.close()
 
 
-def publish_committed_offsets(config: PipelineConfig, checkpoint: Checkpoint) -> None:
-    """Commit each source's consumer group to the end of the last committed epoch. Spark commits
-    sources one epoch late (when the next epoch starts), so without this the group would show an
-    epoch of phantom lag after a stop. For monitoring only: recovery never reads these offsets."""
-    from confluent_kafka import TopicPartition
-    from eos_connectors.kafka.clients import consumer
+def _reason(pending: int | None, created: bool) -> str:
+    if pending is not None:
+        return f"epoch {pending} was logged but not marked committed: Spark replays it with the same offsets"
+    return "first start" if created else "start-up"
 
+
+def publish_progress(found: Connectors, checkpoint: Checkpoint) -> None:
+    """Let each source publish the end of the last committed epoch (Spark tells sources one epoch
+    late, so without this external monitors would show an epoch of phantom lag after a stop).
+    Monitoring only: recovery never reads it."""
     last = checkpoint.last_committed_epoch()
     if last is None:
         return
     try:
-        logged = [planning.decode(line) for line in checkpoint.logged_offsets(last)]
+        logged = checkpoint.logged_offsets(last)
     except CheckpointError:
         return
-    for source in config.sources:
-        topics = set(source.kafka.topics)
-        # A source may be planned as several Spark sources (branches); all of them have read at
-        # least the smallest end they logged.
-        ends: dict[tuple[str, int], int] = {}
-        for offsets in logged:
-            if offsets and {t for t, _ in offsets} <= topics:
-                for tp, offset in offsets.items():
-                    ends[tp] = min(offset, ends.get(tp, offset))
-        if not ends:
-            continue
-        group = consumer(client_config(source.kafka), **{"group.id": f"{config.consumer_group}.{source.name}"})
+    for source, offsets in zip(found.sources, logged, strict=False):
         try:
-            group.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in ends.items()], asynchronous=False)
+            source.publish_progress(offsets)
         except Exception as exc:  # monitoring only
-            log.warning("source %s: could not publish committed offsets: %s", source.name, exc)
-        finally:
-            group.close()
-
-
-def _pending_replay(checkpoint: Checkpoint) -> str | None:
-    epoch = checkpoint.pending_replay()
-    if epoch is not None:
-        return f"epoch {epoch} was logged but not marked committed: Spark replays it with the same offsets"
-    return None
+            log.warning("source %s: could not publish its progress: %s", source.name, exc)
 
 
 def _guarded(committer: EpochCommitter):
     """foreachBatch function: remembers our own exception (Spark re-wraps it) and honours stops."""
 
-    def run_epoch(df, epoch: int) -> None:
+    def run_epoch(df: Any, epoch: int) -> None:
         if committer.stop_requested:
             raise StopRequested(STOP_MARKER)
         try:
@@ -359,7 +373,7 @@ def _guarded(committer: EpochCommitter):
     return run_epoch
 
 
-def _await(query, committer: EpochCommitter, epoch_timeout_s: float, handle_signals: bool) -> str:
+def _await(query: Any, committer: EpochCommitter, epoch_timeout_s: float, handle_signals: bool) -> str:
     stop_signal: list[int] = []
     previous: dict[int, Any] = {}
 
@@ -379,53 +393,57 @@ def _await(query, committer: EpochCommitter, epoch_timeout_s: float, handle_sign
                 if query.awaitTermination(0.5):
                     break
             except Exception as exc:
-                fatal = getattr(committer, "fatal_error", None)
-                if stopping and STOP_MARKER in str(exc):
+                if (stopping or committer.stop_requested) and STOP_MARKER in str(exc):
                     break
-                if fatal is not None:
-                    raise fatal from None
-                message = user_message(exc)
-                if message:
-                    raise EpochFailed(message) from None
+                if committer.fatal_error is not None:
+                    raise committer.fatal_error from None
+                typed = from_spark(exc)
+                if typed is not None:
+                    raise EpochFailed(typed.message, typed.hint) from None
                 raise EpochFailed(f"the streaming query failed: {str(exc).splitlines()[0][:500]}") from exc
             if stop_signal and not stopping:
                 stopping = True
                 name = signal.Signals(stop_signal[0]).name
                 print(f"eos: {name}: finishing the current epoch, then stopping", file=sys.stderr, flush=True)
                 committer.stop_requested = True
-                if committer.busy.acquire(timeout=epoch_timeout_s + 30):
-                    committer.busy.release()
-                try:
-                    query.stop()
-                except Exception as exc:  # the JVM got the signal too (a process-group kill) and stopped
-                    print(
-                        f"eos: Spark stopped on its own ({str(exc).splitlines()[0][:120]}); any epoch in "
-                        "flight is aborted and will be replayed on the next start",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                if not _stop(query, committer, epoch_timeout_s):
                     break
-        return signal.Signals(stop_signal[0]).name if stop_signal else "finished"
+        if stop_signal:
+            return signal.Signals(stop_signal[0]).name
+        return "finished"
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
 
-def describe_plan(config: PipelineConfig) -> Iterable[str]:
+def _stop(query: Any, committer: EpochCommitter, epoch_timeout_s: float) -> bool:
+    if committer.busy.acquire(timeout=epoch_timeout_s + 30):
+        committer.busy.release()
+    try:
+        query.stop()
+    except Exception as exc:  # the JVM got the signal too (a process-group kill) and stopped
+        print(
+            f"eos: Spark stopped on its own ({str(exc).splitlines()[0][:120]}); any epoch in flight is aborted and "
+            "will be replayed on the next start",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+    return True
+
+
+def describe_plan(config: PipelineConfig, base_dir: Path | None = None) -> Iterable[str]:
     """Lines for `eos validate`: what the pipeline reads, does and writes (no secrets)."""
+    found = connectors(config, pipeline_info(config, "(not created yet)", base_dir))
     epochs = config.epochs
     yield f"pipeline {config.name}: mode {epochs.mode}, trigger {epochs.trigger}, checkpoint {config.checkpoint}"
-    for source in config.sources:
-        yield (
-            f"  source {source.name}: {', '.join(source.kafka.topics)} @ {source.kafka.bootstrap} "
-            f"({source.value_format.type}, {source.kafka.isolation}, start {source.kafka.starting_offsets if isinstance(source.kafka.starting_offsets, str) else 'explicit'}, on_error {source.on_error})"  # noqa: E501
-        )
+    for source in found.sources:
+        yield f"  source {source.name} ({type(source).kind}): {source.describe()}"
     for transform in config.transforms:
         yield f"  transform {transform.name}: {'sql' if transform.sql else 'python ' + str(transform.python)}"
-    for sink in config.sinks:
-        yield (
-            f"  sink {sink.name}: {config.sink_input(sink)} -> {sink.kafka.topic} @ {sink.kafka.bootstrap} "
-            f"({sink.value_format.type}), transactional ids {sink.transactional_id_prefix or config.name}-{sink.name}-<slot>"  # noqa: E501
-        )
+    for sink in found.sinks:
+        entry = next((e for e in config.sinks if e.name == sink.name), None)
+        origin = config.sink_input(entry) if entry is not None else "poison records"
+        yield f"  sink {sink.name} ({type(sink).kind}, {type(sink).recovery.value}): {origin} -> {sink.describe()}"
     slots = epochs.slots or "Spark's default parallelism, fixed at first start"
-    yield f"  ledger topic {config.ledger_topic}; sink slots: {slots}"
+    yield f"  ledger {config.ledger_topic}; tasks (sink slots) per epoch: {slots}"

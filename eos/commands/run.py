@@ -20,6 +20,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         failpoints=args.failpoint or [],
         progress=not args.quiet,
         metrics_port=args.metrics_port,
+        take_over=args.take_over,
+        finish_pending=args.finish_pending,
     )
     result = run(args.pipeline, options)
     total = sum(result.records_out.values())
@@ -43,7 +45,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(redacted(config), indent=2, sort_keys=True))
     else:
-        for line in describe_plan(config):
+        for line in describe_plan(config, base_dir):
             print(line)
         print(f"{args.pipeline}: valid")
     return 0
@@ -72,6 +74,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="PORT",
         help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: any free port; default: metrics.port "
         "of the pipeline file, else off)",
+    )
+    run.add_argument(
+        "--take-over",
+        action="store_true",
+        help="start even if the pipeline's previous driver still answers: it is fenced (it can no longer commit "
+        "and stops at its next epoch). Without it, eos refuses to start a second driver.",
+    )
+    run.add_argument(
+        "--finish-pending",
+        action="store_true",
+        help="replay the pending epoch (logged but not committed) with this pipeline file, then stop: the way to "
+        "finish an epoch under its old config before changing the file",
     )
     run.set_defaults(func=cmd_run)
 

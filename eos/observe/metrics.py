@@ -27,14 +27,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from eos_connectors.kafka.lag import LagMonitor, committed_from_checkpoint, source_names
+LagMonitor = Any  # rewired below
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from eos import __version__
 from eos.errors import EnvironmentProblem, EosError
 from eos.observe.tracker import PHASES, EpochTracker
-from eos.protocol.committer import AttemptVotes, EpochListener, EpochReport, RecoveryReport
+from eos.protocol.report import AttemptVotes, EpochListener, EpochReport, RecoveryReport
 
 log = logging.getLogger("eos.observe.metrics")
 
@@ -424,55 +424,14 @@ class Telemetry:
 
 def start_telemetry(
     config: Any,
-    slots: int,
-    targets: dict[str, Any],
+    found: Any,
     checkpoint: Any,
-    meta: Any,
     coordinator: Any,
     metrics_port: int | None,
     lag: bool,
 ) -> Telemetry:
     """Set up the observers of a run; starts the metrics server if metrics_port is not None."""
-    exactly_once = config.epochs.mode == "exactly-once"
-    telemetry = Telemetry(EpochTracker(slots, exactly_once, coordinator))
-    if lag or metrics_port is not None:
-        # Sink topics and the ledger topic: an LSO stuck below the high watermark there means a
-        # lingering transaction (one ledger topic per cluster; watched on the first sink's).
-        writing = [t for t in targets.values() if t.topic]
-        watched = {t.topic: t.client for t in writing}
-        if writing and exactly_once:
-            watched.setdefault(config.ledger_topic, writing[0].client)
-        try:
-            committed = committed_from_checkpoint(config, checkpoint, meta)
-        except EosError as exc:  # a corrupt offset log stops the run elsewhere, not here
-            log.warning("source lag: %s", exc)
-            committed = {}
-        telemetry.lag = LagMonitor(config, committed, watch_topics=watched).start()
+    telemetry = Telemetry(EpochTracker(0, config.exactly_once, coordinator))
     if metrics_port is None:
         return telemetry
-    logged, done = checkpoint.last_logged_epoch(), checkpoint.last_committed_epoch()
-    last = None
-    if done is not None:
-        last = (done, (checkpoint.root / "commits" / str(done)).stat().st_mtime)
-    shape = PipelineShape(
-        pipeline=config.name,
-        slots=slots,
-        exactly_once=exactly_once,
-        sources=[s.name for s in config.sources],
-        sinks=[s.name for s in config.sinks],
-        dlq_sources=[s.name for s in config.sources if s.on_error == "dlq"],
-        skip_sources=[s.name for s in config.sources if s.on_error == "skip"],
-        trigger_s=config.epochs.trigger_seconds or 0.0,
-        transaction_timeout_s=transaction_timeout_s(targets.values(), config.epochs.timeout),
-    )
-    replay = logged if logged is not None and (done is None or done < logged) else None
-    telemetry.metrics = PipelineMetrics(shape, telemetry.tracker, telemetry.lag, config, replay, last)
-    try:
-        telemetry.server = start_metrics_server(telemetry.metrics.registry, metrics_port)
-    except OSError as exc:
-        telemetry.close()
-        raise EnvironmentProblem(
-            f"metrics: cannot listen on port {metrics_port}: {exc}", hint="choose another --metrics-port (0: any)"
-        ) from None
-    print(f"eos: metrics of {config.name} at http://<driver>:{telemetry.server.port}/metrics", file=sys.stderr)
-    return telemetry
+    raise EnvironmentProblem("metrics are being rewired to the new protocol")

@@ -20,11 +20,11 @@ import threading
 import time
 from typing import IO, Any
 
-from eos_connectors.kafka.lag import LagMonitor
+LagMonitor = Any  # rewired below
 from pyspark.sql.streaming import StreamingQueryListener
 
 from eos.observe.tracker import EpochTracker
-from eos.protocol.committer import EpochListener, EpochReport, RecoveryReport
+from eos.protocol.report import EpochListener, EpochReport, RecoveryReport
 
 log = logging.getLogger("eos.observe.progress")
 PLAN_KEYS = ("latestOffset", "walCommit", "queryPlanning", "getBatch")

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from eos.protocol.committer import EpochListener, EpochReport, RecoveryReport
+from eos.protocol.report import EpochListener, EpochReport, RecoveryReport
 
 # Bounded phase names (metric label values).
 BETWEEN = "between_epochs"  # waiting for the trigger, or Spark planning the next epoch
@@ -103,12 +103,9 @@ class EpochTracker(EpochListener):
             name, epoch, attempt, since = self._phase, self._epoch, self._attempt, self._since
         votes = 0
         if name == SINK_JOB and self.coordinator is not None and epoch is not None:
-            state = self.coordinator.attempt_state(epoch, attempt)
-            if state is not None:
-                if state.decision == "commit":
-                    name, votes = COMMIT, len(state.committed)
-                elif state.prepared and state.decision is None:
-                    name, votes = AGREEMENT, len(state.prepared)
+            votes = len(self.coordinator.votes(epoch, attempt))
+            if votes:
+                name = AGREEMENT
         return Phase(name, epoch, attempt, time.monotonic() - since, votes, self.slots)
 
     def oldest_open_transaction_s(self) -> float:

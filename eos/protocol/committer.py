@@ -1,180 +1,101 @@
 """The epoch commit protocol, driver side. Spark calls `EpochCommitter` once per epoch
-(`foreachBatch`), after it has logged the epoch's offsets (prepare / the barrier).
+(`foreachBatch`), after it has logged the epoch's offsets: the barrier (step 1, prepare).
 
 For epoch N, attempt a:
-  1. skip set: the (sink, slot) pairs the ledger says already committed N (a replay);
-  2. open attempt a in the coordinator; run one barrier stage of `slots` tasks, one per slot:
-     each pre-commits, votes, and commits only on a unanimous `commit` decision;
-  3. success: remember the committers, report, return; Spark then writes its commit log
-     (mark committed) and the source publishes offsets for lag monitoring;
-  4. failure: abort the attempt, fence every transactional id (zombies lose their right to
-     commit, open transactions are aborted), re-read the ledger, and retry the epoch, up to
-     `tolerable_failures` consecutive failed attempts.
+  2. plan: the slots whose ledger entry shows N (bound to the same offsets) write nothing; run one
+     Spark job over the epoch's rows, one task per slot: each writes its rows and its ledger
+     entry into a transaction and pre-commits it (eos.protocol.slot);
+  3. agree: the job succeeded, so every slot pre-committed (a failed task fails the job);
+  4. decide: record "epoch N attempt a commits these transactions" in the control log, durably,
+     fenced against any newer driver (eos.protocol.decision);
+  5. commit: the driver commits what any session can commit (PostgreSQL) and releases the
+     owners of the others (Kafka producers in the Python workers), then waits for every commit;
+  6. return: Spark writes its commit log (mark committed) and the sources publish progress.
+Any failure before 4 aborts the attempt; after 4 the decision stands. Either way recovery runs
+(eos.protocol.recovery: fence, resolve, re-read the ledgers) and the epoch is retried, up to
+`tolerable_failures` consecutive failed attempts. A slot that committed writes nothing again.
 
-Recovery after a crash is the same step 4 at start-up: Spark replays the last logged but
-uncommitted epoch with the same offsets and state; the ledger tells each slot whether it
-already committed it.
+Recovery after a crash is the same recovery at start-up: Spark replays the last logged but
+uncommitted epoch with the same offsets and state.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import threading
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
-from eos_connectors.formats import POISON_MARKER
-from eos_connectors.kafka.ledger import Ledger, LedgerEntry, ensure_ledger_topic, fence, read_ledger
-from eos_connectors.kafka.sink import REPORT_SCHEMA, EpochPlan, SinkTarget, slot_task
-
-from eos.errors import CheckpointError, EpochFailed
+from eos.errors import DriverFenced, EosError, EpochFailed, Permanent, SlotAborted, from_spark
 from eos.failpoints import Failpoints
+from eos.protocol import recovery
+from eos.protocol.checkpoint import Checkpoint
 from eos.protocol.coordinator import Coordinator
+from eos.protocol.decision import ControlLog, Decision
+from eos.protocol.ledger import Ledger, committed_slots
+from eos.protocol.plan import EpochPlan, SinkPlan
+from eos.protocol.report import AttemptVotes, EpochListener, EpochReport, RecoveryReport, SlotReport
+from eos.protocol.sink import PipelineInfo, Prepared, Recovery, SinkConnector
+from eos.protocol.slot import REPORT_SCHEMA, slot_task
 
-log = logging.getLogger("eos.protocol.committer")
-
-
-@dataclass
-class EpochReport:
-    """What one committed epoch did; fed to progress output and metrics."""
-
-    epoch: int
-    attempts: int
-    records_out: dict[str, int]
-    replay_skipped: dict[str, int]  # records not re-written because the ledger had them
-    skipped_slots: int  # (sink, slot) pairs skipped via the ledger
-    counted_only: dict[str, int]  # poison records counted under on_error: skip
-    job_s: float
-    read_process_s: float
-    precommit_s: float
-    vote_wait_s: float
-    agreement_s: float | None  # from the last vote to the decision (the protocol's own cost)
-    commit_s: float
-    committed_at: float = field(default_factory=time.time)
-    txn_commits: int = 0
-    # The slots' own reports (records per sink, timings, ...), for per-slot metrics.
-    slot_reports: list[dict[str, Any]] = field(default_factory=list)
+log = logging.getLogger("eos.protocol")
 
 
-@dataclass
-class AttemptVotes:
-    """What the coordinator saw of a failed attempt: the slots that pre-committed (records per
-    sink in their transactions) and the slots that reported their commit before it failed."""
-
-    epoch: int
-    attempt: int
-    prepared: dict[int, dict[str, int]]
-    committed: frozenset[int]
-
-
-@dataclass
-class RecoveryReport:
-    fenced_ids: int
-    fence_s: float
-    ledger: Ledger
-    reason: str
-
-
-class EpochListener:
-    """Progress output and metrics implement this; every method is optional."""
-
-    def on_recovery(self, report: RecoveryReport) -> None: ...
-    def on_epoch_start(self, epoch: int, attempt: int) -> None: ...
-    def on_epoch_committed(self, report: EpochReport) -> None: ...
-    def on_epoch_aborted(self, epoch: int, attempt: int, reason: str, retrying: bool) -> None: ...
-    def on_attempt_failed(self, votes: AttemptVotes) -> None: ...
-
-
-# A raised poison-record error has real values where the plan has expressions: Spark quotes the
-# logical plan (which contains the raise_error expression and its text) in query failures.
-_POISON = re.compile(
-    re.escape(POISON_MARKER) + r": source \S+: cannot decode the record at \S+/\d+ offset \d+: .*?(?=\s*SQLSTATE|$)"
-)
-_OURS = re.compile(r"(?:SourceError|SlotAborted|FailpointError|RangeReadError): (.*)")
-
-
-def user_message(exc: BaseException) -> str | None:
-    """The line a user should see, dug out of a Spark/Py4J error, if it is one of ours."""
-    for line in str(exc).splitlines():
-        found = _POISON.search(line)
-        if found:
-            return found.group(0).strip()
-    for line in str(exc).splitlines():
-        found = _OURS.search(line)
-        if found:
-            return re.sub(r"\s*SQLSTATE: \w+\s*$", "", found.group(1)).strip()
-    return None
-
-
-def _is_permanent(exc: BaseException) -> bool:
-    """Errors an epoch retry cannot fix: stop at once with the message."""
-    text = str(exc)
-    return bool(_POISON.search(text)) or "SourceError: " in text
-
-
-@dataclass
-class Cluster:
-    """The sinks (and dead-letter queues) that live on one Kafka cluster share its ledger topic."""
-
-    client: dict[str, Any]
-    targets: list[SinkTarget]
+def reason_of(exc: BaseException) -> str:
+    """The line a user should see for a failed attempt."""
+    typed = exc if isinstance(exc, EosError) else from_spark(exc)
+    if typed is not None:
+        return typed.message
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
 
 
 class EpochCommitter:
     def __init__(
         self,
-        spark,
-        pipeline: str,
-        checkpoint_id: str,
-        slots: int,
-        exactly_once: bool,
-        targets: dict[str, SinkTarget],
-        ledger_topic: str,
+        spark: Any,
+        pipeline: PipelineInfo,
+        sinks: list[SinkConnector],
+        plans: tuple[SinkPlan, ...],
+        checkpoint: Checkpoint,
+        config_digest: str,
+        control: ControlLog | None,
         coordinator: Coordinator | None,
-        epoch_timeout_s: float,
+        pools: dict[str, int],
         tolerable_failures: int,
         min_pause_s: float = 0.0,
         failpoints: Failpoints | None = None,
         listeners: Iterable[EpochListener] = (),
+        run: str | None = None,
     ):
         self.spark = spark
         self.pipeline = pipeline
-        self.checkpoint_id = checkpoint_id
-        self.slots = slots
-        self.exactly_once = exactly_once
-        self.targets = targets
-        self.ledger_topic = ledger_topic
+        self.sinks = sinks
+        self.by_name = {sink.name: sink for sink in sinks}
+        self.plans = plans
+        self.checkpoint = checkpoint
+        self.config_digest = config_digest
+        self.control = control
         self.coordinator = coordinator
-        self.epoch_timeout_s = epoch_timeout_s
+        self.pools = dict(pools)
         self.tolerable_failures = tolerable_failures
         self.min_pause_s = min_pause_s
         self.failpoints = failpoints or Failpoints()
         self.listeners = list(listeners)
+        self.run = run or uuid.uuid4().hex[:12]
+        self.decision: Decision | None = None
         self.ledger: Ledger = {}
-        self.owners: dict[str, str] = {}
         self.consecutive_failures = 0
         self.last_epoch_end = 0.0
         self.busy = threading.Lock()  # held while an epoch runs: graceful stop waits on it
-        self.clusters = self._clusters()
+        self.stop_requested = False
+        self.fatal_error: EosError | None = None
 
-    def _clusters(self) -> list[Cluster]:
-        clusters: dict[str, Cluster] = {}
-        for target in self.targets.values():
-            if target.topic is None:
-                continue
-            key = json.dumps(target.client, sort_keys=True)
-            clusters.setdefault(key, Cluster(target.client, [])).targets.append(target)
-        return list(clusters.values())
-
-    def transactional_ids(self) -> list[str]:
-        return [
-            f"{t.transactional_prefix}-{slot}" for c in self.clusters for t in c.targets for slot in range(self.slots)
-        ]
+    @property
+    def timeout_s(self) -> float:
+        return self.pipeline.epoch_timeout_s
 
     def _emit(self, method: str, *args: Any) -> None:
         for listener in self.listeners:
@@ -183,58 +104,50 @@ class EpochCommitter:
             except Exception:  # observers must never break the protocol
                 log.exception("listener %s.%s failed", type(listener).__name__, method)
 
-    # -- recovery --------------------------------------------------------------------------------
+    # -- recovery ------------------------------------------------------------------------------
     def recover(self, reason: str) -> RecoveryReport:
-        """Fence every transactional id of the pipeline, then read the ledger (in that order)."""
-        started = time.monotonic()
-        ledger: Ledger = {}
-        fenced = 0
-        for cluster in self.clusters:
-            ids = [f"{t.transactional_prefix}-{slot}" for t in cluster.targets for slot in range(self.slots)]
-            if self.exactly_once:
-                ensure_ledger_topic(cluster.client, self.ledger_topic)
-                fence(cluster.client, ids, timeout_s=max(60.0, self.epoch_timeout_s))
-                fenced += len(ids)
-                ledger.update(read_ledger(cluster.client, self.ledger_topic, self.pipeline))
-        foreign = {e.checkpoint for e in ledger.values()} - {self.checkpoint_id}
-        if foreign:
-            raise CheckpointError(
-                f"the ledger topic {self.ledger_topic} holds commits of pipeline {self.pipeline!r} from another "
-                f"checkpoint ({', '.join(sorted(foreign))}), not from this one ({self.checkpoint_id}). Was the "
-                "checkpoint deleted or replaced? Starting over would re-emit (or skip) output. If a fresh start is "
-                "really intended, run `eos reset` first."
-            )
-        self.ledger = ledger
-        self.owners = {}
-        report = RecoveryReport(fenced, time.monotonic() - started, ledger, reason)
+        if self.coordinator is not None:
+            self.pools.update(self.coordinator.pool_sizes())
+        if not self.pipeline.exactly_once:
+            report = RecoveryReport(0, {}, 0.0, {}, reason)
+        else:
+            report = recovery.recover(
+                self.sinks, self.pools, self.decision, self.checkpoint, self.pipeline.checkpoint_id,
+                max(60.0, self.timeout_s), reason,
+            )  # fmt: skip
+        if self.coordinator is not None:
+            self.coordinator.set_pools(self.pools)  # every id is fenced now: none is owned
+        self.ledger = report.ledger
         self._emit("on_recovery", report)
         return report
 
     # -- one epoch -----------------------------------------------------------------------------
-    def __call__(self, df, epoch: int) -> None:
+    def __call__(self, df: Any, epoch: int) -> None:
         with self.busy:
             self._run_epoch(df, epoch)
 
-    def _run_epoch(self, df, epoch: int) -> None:
+    def _run_epoch(self, df: Any, epoch: int) -> None:
         self.failpoints.hit("epoch.after_offsets_logged", epoch)
         pause = self.min_pause_s - (time.monotonic() - self.last_epoch_end)
         if self.last_epoch_end and pause > 0:
             time.sleep(pause)
+        offsets = self.checkpoint.offsets_digest(epoch)
         attempt = 0
         while True:
             attempt += 1
             self._emit("on_epoch_start", epoch, attempt)
-            plan = self._plan(epoch, attempt)
+            plan = self._plan(epoch, attempt, offsets)
             try:
                 report = self._attempt(df, plan)
-            except Exception as exc:
-                if self.coordinator is not None:
-                    self.coordinator.close_attempt(epoch, attempt, "the attempt failed")
-                    self._emit_votes(epoch, attempt)
-                reason = user_message(exc) or f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-                if _is_permanent(exc):
+            except BaseException as exc:
+                self._abandon(plan, "the attempt failed")
+                reason = reason_of(exc)
+                typed = exc if isinstance(exc, EosError) else from_spark(exc)
+                if isinstance(typed, Permanent):
                     self._emit("on_epoch_aborted", epoch, attempt, reason, False)
-                    raise EpochFailed(f"epoch {epoch}: {reason}") from None
+                    raise typed from None
+                if not isinstance(exc, Exception):
+                    raise
                 self.consecutive_failures += 1
                 retrying = self.consecutive_failures <= self.tolerable_failures
                 self._emit("on_epoch_aborted", epoch, attempt, reason, retrying)
@@ -245,8 +158,6 @@ class EpochCommitter:
                     ) from exc
                 self._recover_between_attempts(epoch, attempt)
                 continue
-            if self.coordinator is not None:
-                self.coordinator.close_attempt(epoch, attempt, "finished")
             self.consecutive_failures = 0
             report.attempts = attempt
             self._emit("on_epoch_committed", report)
@@ -254,146 +165,173 @@ class EpochCommitter:
             self.last_epoch_end = time.monotonic()
             return
 
-    def _emit_votes(self, epoch: int, attempt: int) -> None:
-        """Tell listeners which transactions a failed attempt pre-committed or committed."""
-        state = self.coordinator.attempt_state(epoch, attempt) if self.coordinator is not None else None
-        if state is None:
+    def _plan(self, epoch: int, attempt: int, offsets: str) -> EpochPlan:
+        return EpochPlan(
+            pipeline=self.pipeline,
+            epoch=epoch,
+            attempt=attempt,
+            run=self.run,
+            offsets=offsets,
+            config=self.config_digest,
+            sinks=self.plans,
+            skip=committed_slots(self.ledger, epoch, offsets, self.config_digest),
+            coordinator=self.coordinator.address if self.coordinator else None,
+            timeout_s=self.timeout_s,
+            failpoints=self.failpoints,
+        )
+
+    def _abandon(self, plan: EpochPlan, reason: str) -> None:
+        """The attempt is over without (complete) success: owners still waiting abort, and
+        listeners learn what it had pre-committed."""
+        if self.coordinator is None:
             return
-        try:  # copies first: a late vote may still arrive on the coordinator's threads
-            votes, committed = dict(state.prepared), frozenset(state.committed)
-            prepared = {slot: dict(info.get("records", {})) for slot, info in votes.items()}
-        except Exception:
-            log.exception("could not read the votes of epoch %d attempt %d", epoch, attempt)
-            return
-        self._emit("on_attempt_failed", AttemptVotes(epoch, attempt, prepared, committed))
+        self.coordinator.close_attempt(plan.epoch, plan.attempt, reason)
+        votes = self.coordinator.votes(plan.epoch, plan.attempt)
+        prepared: dict[int, dict[str, int]] = defaultdict(dict)
+        for vote in votes:
+            prepared[vote.slot][vote.sink] = 1
+        committed = frozenset(v.slot for v in votes if v.committed)
+        self._emit("on_attempt_failed", AttemptVotes(plan.epoch, plan.attempt, dict(prepared), committed))
 
     def _recover_between_attempts(self, epoch: int, attempt: int) -> None:
-        """Fence and re-read the ledger before the next attempt. The broker may be restarting:
-        a failed recovery counts against the same tolerance, with a growing pause."""
+        """Fence, resolve and re-read the ledgers before the next attempt. A system may be
+        restarting: a failed recovery counts against the same tolerance, with a growing pause."""
         while True:
             try:
                 self.recover(f"epoch {epoch} attempt {attempt} failed")
                 return
-            except CheckpointError:
+            except Permanent:
                 raise
+            except EosError as exc:
+                if not isinstance(exc, SlotAborted):
+                    raise
+                problem: Exception = exc
             except Exception as exc:
-                self.consecutive_failures += 1
-                reason = f"recovery failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                retrying = self.consecutive_failures <= self.tolerable_failures
-                self._emit("on_epoch_aborted", epoch, attempt, reason, retrying)
-                if not retrying:
-                    raise EpochFailed(
-                        f"epoch {epoch}: {reason} (tolerable_failures: {self.tolerable_failures})"
-                    ) from exc
-                time.sleep(min(30.0, 2.0**self.consecutive_failures))
+                problem = exc
+            self.consecutive_failures += 1
+            reason = f"recovery failed: {reason_of(problem)}"
+            retrying = self.consecutive_failures <= self.tolerable_failures
+            self._emit("on_epoch_aborted", epoch, attempt, reason, retrying)
+            if not retrying:
+                raise EpochFailed(f"epoch {epoch}: {reason} (tolerable_failures: {self.tolerable_failures})")
+            time.sleep(min(30.0, 2.0**self.consecutive_failures))
 
-    def _plan(self, epoch: int, attempt: int) -> EpochPlan:
-        skip = frozenset(key for key, entry in self.ledger.items() if entry.epoch >= epoch)
-        return EpochPlan(
-            pipeline=self.pipeline,
-            checkpoint_id=self.checkpoint_id,
-            epoch=epoch,
-            attempt=attempt,
-            slots=self.slots,
-            exactly_once=self.exactly_once,
-            targets=self.targets,
-            ledger_topic=self.ledger_topic,
-            skip=skip,
-            owners=dict(self.owners),
-            coordinator=self.coordinator.address if self.coordinator else None,
-            timeout_s=self.epoch_timeout_s,
-            failpoints=self.failpoints,
-        )
-
-    def _attempt(self, df, plan: EpochPlan) -> EpochReport:
-        from pyspark.sql import functions as F
-
+    def _attempt(self, df: Any, plan: EpochPlan) -> EpochReport:
         if self.coordinator is not None:
-            self.coordinator.open_attempt(
-                plan.epoch, plan.attempt, range(self.slots), self.epoch_timeout_s,
-                ordered_commit=self.failpoints.armed("sink.between_commits"),
-            )  # fmt: skip
-        # Deterministic routing: a record's slot is a hash of its key (or of its value when it
-        # has no key), so a replay sends every record to the slot it went to the first time.
-        routed = df.repartition(self.slots, F.coalesce(F.col("key"), F.col("value")))
-        job = routed.mapInArrow(slot_task(plan), REPORT_SCHEMA, barrier=self.exactly_once)
-        sc = self.spark.sparkContext
-        tag = f"eos-{self.pipeline}-{plan.epoch}-{plan.attempt}-{uuid.uuid4().hex[:6]}"
-        # The coordinator aborts undecided slots at the timeout; this ends a job whose tasks hang
-        # anyway (a stalled slot after the decision, a read that never returns).
-        watchdog = threading.Timer(self.epoch_timeout_s + 5, lambda: sc.cancelJobsWithTag(tag))
-        watchdog.daemon = True
+            self.coordinator.open_attempt(plan.epoch, plan.attempt, self.timeout_s)
         started = time.perf_counter()
+        reports = self._run_job(df, plan)
+        job_s = time.perf_counter() - started
+        prepared = [p for r in reports for p in r.prepared()]
+        decide_s = commit_s = 0.0
+        if self.pipeline.exactly_once and prepared:
+            decided = time.perf_counter()
+            self._decide(plan, prepared)
+            decide_s = time.perf_counter() - decided
+            committing = time.perf_counter()
+            self._commit(plan, prepared)
+            commit_s = time.perf_counter() - committing
+        if self.coordinator is not None:
+            strays = self.coordinator.close_attempt(plan.epoch, plan.attempt, "finished")
+            if strays or any(r.task_attempt > 0 for r in reports):
+                self._sweep(strays)
+        return self._report(plan, reports, job_s, decide_s, commit_s, len(prepared))
+
+    def _sweep(self, strays: list[Any]) -> None:
+        """Pre-commits of task attempts Spark retried (their results were not taken): nobody will
+        commit them, and an open transaction holds up readers (Kafka's last stable offset, row
+        locks) until it is aborted. Their owners were told to abort; make sure of it."""
+        by_sink: dict[str, list[Prepared]] = defaultdict(list)
+        for vote in strays:
+            by_sink[vote.sink].append(
+                Prepared(vote.sink, vote.slot, vote.handle, 0, vote.task_attempt, {"lease": vote.lease})
+            )
+        for sink, items in by_sink.items():
+            self.by_name[sink].discard(items)
+        for (kind, _), group in recovery.by_system(self.sinks).items():
+            if kind.recovery is Recovery.RESUME:
+                kind.resolve(group, self.decision)
+
+    def _run_job(self, df: Any, plan: EpochPlan) -> list[SlotReport]:
+        sc = self.spark.sparkContext
+        tag = f"eos-{self.pipeline.name}-{plan.epoch}-{plan.attempt}-{uuid.uuid4().hex[:6]}"
+        # A task that hangs (a stalled read, a stuck broker) ends with the attempt.
+        watchdog = threading.Timer(self.timeout_s, lambda: sc.cancelJobsWithTag(tag))
+        watchdog.daemon = True
         sc.addJobTag(tag)
         watchdog.start()
         try:
-            rows = job.collect()
+            rows = df.mapInArrow(slot_task(plan), REPORT_SCHEMA).collect()
         finally:
             watchdog.cancel()
             sc.removeJobTag(tag)
-        job_s = time.perf_counter() - started
-        reports = [json.loads(row.report) for row in rows]
-        if sorted(r["slot"] for r in reports) != list(range(self.slots)):
-            raise RuntimeError(f"expected one report from each of {self.slots} slots, got {len(reports)}")
-        return self._absorb(plan, reports, job_s)
+        reports = [SlotReport.from_json(row.report) for row in rows]
+        slots = sorted(r.slot for r in reports)
+        if slots != list(range(len(slots))):
+            raise SlotAborted(f"epoch {plan.epoch}: expected one report per slot, got slots {slots}")
+        return reports
 
-    def _absorb(self, plan: EpochPlan, reports: list[dict[str, Any]], job_s: float) -> EpochReport:
-        """Fold the slots' reports into the ledger view, the owner map and one EpochReport."""
-        records: dict[str, int] = {}
-        replay: dict[str, int] = {}
-        counted: dict[str, int] = {}
-        commits = 0
+    def _decide(self, plan: EpochPlan, prepared: list[Prepared]) -> None:
+        handles: dict[str, list[str]] = defaultdict(list)
+        for p in prepared:
+            handles[p.sink].append(p.handle)
+        decision = Decision(plan.epoch, plan.attempt, self.run, dict(handles))
+        assert self.control is not None
+        try:
+            self.control.record_decision(decision)
+        except DriverFenced as exc:
+            self.fatal_error = exc
+            raise
+        self.decision = decision
+
+    def _commit(self, plan: EpochPlan, prepared: list[Prepared]) -> None:
+        """Step 5. Slot by slot while the `sink.between_commits` failpoint is armed (so a crash can
+        land between two slots' commits), all at once otherwise."""
+        assert self.coordinator is not None
+        owned = {p.sink: self.by_name[p.sink].recovery is Recovery.REPLAY for p in prepared}
+        ordered = self.failpoints.armed("sink.between_commits")
+        batches = [[p] for p in sorted(prepared, key=lambda p: (p.slot, p.sink))] if ordered else [prepared]
+        for batch in batches:
+            keys = [(p.sink, p.handle) for p in batch if owned[p.sink]]
+            self.coordinator.release(plan.epoch, plan.attempt, keys)
+            by_sink: dict[str, list[Prepared]] = defaultdict(list)
+            for p in batch:
+                if not owned[p.sink]:
+                    by_sink[p.sink].append(p)
+            for sink, items in by_sink.items():
+                for p in items:
+                    self.failpoints.hit("sink.after_agreement", plan.epoch, p.slot, plan.attempt)
+                self.by_name[sink].commit(items)
+                for p in items:
+                    self.failpoints.hit("sink.between_commits", plan.epoch, p.slot, plan.attempt)
+            problems = self.coordinator.wait_committed(plan.epoch, plan.attempt, keys, self.timeout_s)
+            if problems:
+                raise SlotAborted(f"epoch {plan.epoch}: commit failed after the decision: {'; '.join(problems)}")
+
+    def _report(
+        self, plan: EpochPlan, reports: list[SlotReport], job_s: float, decide_s: float, commit_s: float, txns: int
+    ) -> EpochReport:
+        records: dict[str, int] = defaultdict(int)
+        skipped: dict[str, int] = defaultdict(int)
+        counted: dict[str, int] = defaultdict(int)
+        writers = {p.name: p.writer is not None for p in plan.sinks}
         for report in reports:
-            slot = report["slot"]
-            for sink, n in report["records"].items():
-                records[sink] = records.get(sink, 0) + n
-                if self.exactly_once:
-                    self.ledger[(sink, slot)] = LedgerEntry(
-                        self.pipeline, sink, slot, plan.epoch, self.checkpoint_id, n
-                    )
-                    commits += 1
-            for sink, n in report["replay_skipped"].items():
-                replay[sink] = replay.get(sink, 0) + n
-            for sink, n in report["counted_only"].items():
-                counted[sink] = counted.get(sink, 0) + n
-            self.owners.update(report["tokens"])
-
-        def slowest(key: str) -> float:
-            return max((r.get(key, 0.0) for r in reports), default=0.0)
-
-        precommit = max((r.get("produce_s", 0.0) + r.get("flush_s", 0.0) for r in reports), default=0.0)
-        slot_total = max(
-            (sum(r.get(k, 0.0) for k in ("produce_s", "flush_s", "vote_s", "commit_s")) for r in reports), default=0.0
-        )
-        # The agreement's own cost: the slot that votes last waits for nothing but the round trip
-        # (the others' waits also include how much slower the slowest slot was).
-        votes = [r["vote_s"] for r in reports if "vote_s" in r]
-        agreement = min(votes) if votes else None
+            for sink, work in report.sinks.items():
+                if writers[sink]:
+                    records[sink] += work.records
+                    skipped[sink] += work.skipped
+                else:
+                    counted[sink] += work.skipped
         return EpochReport(
             epoch=plan.epoch,
             attempts=plan.attempt,
-            records_out=records,
-            replay_skipped=replay,
+            records_out=dict(records),
+            replay_skipped=dict(skipped),
             skipped_slots=len(plan.skip),
-            counted_only=counted,
+            counted_only=dict(counted),
             job_s=job_s,
-            read_process_s=max(0.0, job_s - slot_total),
-            precommit_s=precommit,
-            vote_wait_s=slowest("vote_s"),
-            agreement_s=agreement,
-            commit_s=slowest("commit_s"),
-            txn_commits=commits,
-            slot_reports=reports,
+            decide_s=decide_s,
+            commit_s=commit_s,
+            slots=reports,
+            txn_commits=txns,
         )
-
-
-def fence_targets(targets: Iterable[SinkTarget], slots: int, timeout_s: float = 60.0) -> int:
-    """Fence every transactional id of `targets` for slots 0..slots-1; returns how many."""
-    count = 0
-    for target in targets:
-        if target.topic is None:
-            continue
-        ids = [f"{target.transactional_prefix}-{slot}" for slot in range(slots)]
-        fence(target.client, ids, timeout_s)
-        count += len(ids)
-    return count

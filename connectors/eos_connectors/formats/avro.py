@@ -28,13 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa  # at module level: Spark reads the UDFs' `pa.Array` type hints from here
 
-from eos.errors import ConfigError
+from eos.api import ConfigError, DependencyUnavailable
 from eos_connectors.formats.avro_schema import arrow_types, load_avsc, physical_schema, spark_type
 from eos_connectors.formats.registry import (
     HEADER,
     HEADER_SIZE,
     MAGIC,
-    RegistryUnavailable,
     UnknownSchemaId,
     UnknownSubject,
     registry,
@@ -45,7 +44,7 @@ from eos_connectors.formats.registry import (
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
-    from eos.config import FormatConfig
+    from eos_connectors.formats.config import FormatConfig
 
 ENCODE_MARKER = "eos poison record"  # = formats.POISON_MARKER: a permanent, per-record failure
 
@@ -186,21 +185,27 @@ _writers_by_id: dict[tuple[str, int], Any] = {}
 
 
 def _writer_for_id(location: str, schema_id: int) -> Any:
-    """The parsed (physical) writer schema of an id; unknown ids are remembered too."""
+    """The parsed (physical) writer schema of an id. Only found schemas are cached: an id the
+    registry does not know now may be known in a moment (see eos_connectors.formats.registry)."""
     from fastavro.schema import SchemaParseException
 
     key = (location, schema_id)
     if key not in _writers_by_id:
         try:
-            _writers_by_id[key] = _parse(physical_schema(registry(location).schema_by_id(schema_id)))
+            schema = registry(location).schema_by_id(schema_id)
         except UnknownSchemaId as exc:
-            _writers_by_id[key] = exc
+            raise DependencyUnavailable(
+                f"schema registry {location}: schema id {schema_id} is unknown ({exc}); a registry that lags, or a "
+                "schema registered later, must not decide where the record goes, so the epoch is retried",
+                hint="register the schema (or wait for the registry to catch up); the epoch then goes through",
+            ) from None
+        try:
+            _writers_by_id[key] = _parse(physical_schema(schema))
         except (ValueError, TypeError, KeyError, SchemaParseException) as exc:  # not a schema fastavro can parse
-            _writers_by_id[key] = UnknownSchemaId(f"schema id {schema_id} is not a valid Avro schema: {exc}")
-    found = _writers_by_id[key]
-    if isinstance(found, Exception):
-        raise found
-    return found
+            raise DependencyUnavailable(
+                f"schema registry {location}: schema id {schema_id} is not a valid Avro schema: {exc}"
+            ) from None
+    return _writers_by_id[key]
 
 
 class _BadRecord(Exception):
@@ -251,7 +256,7 @@ def decode_batch(codec: AvroCodec, column: pa.Array) -> pa.StructArray:
             record = schemaless_reader(fo, writer, reader)
             if fo.tell() != len(raw):
                 raise _BadRecord(f"{len(raw) - fo.tell()} bytes left over after the record (another schema?)")
-        except RegistryUnavailable:
+        except DependencyUnavailable:
             raise  # not the record's fault: fail the task, the epoch is retried
         except Exception as exc:
             records.append(None)

@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eos.errors import ConfigError
-from eos.paths import schemas_dir
+from eos.api import ConfigError, schemas_dir
 
 _PRIMITIVES = {
     "string": "STRING", "int": "INT", "long": "BIGINT", "float": "FLOAT", "double": "DOUBLE",

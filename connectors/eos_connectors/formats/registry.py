@@ -11,9 +11,11 @@ Two kinds, chosen by `registry:` in a format:
 
 Clients are created lazily and cached per process: Spark tasks run in Python worker processes
 that are reused across tasks, so each worker asks the registry for a schema id once.
-Registry trouble is split in two: an id the registry does not have is a property of the record
-(`UnknownSchemaId`: a poison record), while an unreachable registry is not (`RegistryUnavailable`:
-the task fails and the epoch is retried, so an outage never sends good records to a DLQ).
+Registry trouble never decides where a record goes: an unreachable registry, and an id the
+registry does not know (a lagging replica, a schema registered a moment later), fail the read
+task with a retriable error (`DependencyUnavailable`) and the epoch is retried; neither answer is
+cached. Otherwise one attempt could send a record to the dead-letter queue and a replay could send
+it to the output, so that it ends up in both or in neither.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
-from eos.errors import ConfigError, EnvironmentProblem
+from eos.api import ConfigError, DependencyUnavailable
 
 MAGIC = 0
 HEADER = struct.Struct(">bI")  # magic byte, schema id
@@ -42,7 +44,7 @@ class UnknownSubject(LookupError):
     """The registry answered: no such subject (or it has no versions)."""
 
 
-class RegistryUnavailable(EnvironmentProblem):
+class RegistryUnavailable(DependencyUnavailable):
     """The registry could not be asked (unreachable, timed out, server error)."""
 
 

@@ -1,13 +1,16 @@
-"""One place to build Kafka clients (confluent-kafka / librdkafka) with eos's defaults.
+"""One place to build Kafka clients (confluent-kafka / librdkafka) with eos's defaults, and to ask
+a cluster about itself (topics with their ids, the cluster id, broker settings).
 
 - librdkafka logs go to the Python logger "eos.kafka" instead of raw stderr lines.
-- Errors are classified for retries: retriable, transaction-abortable, or fatal.
+- Errors are classified for retries: retriable, transaction-abortable, fatal, or *indefinite*
+  (a timeout: the request may still land later, see eos_connectors.kafka.sink).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger("eos.kafka")
@@ -74,6 +77,77 @@ def describe_partitions(admin, topics: Iterable[str], timeout: float = 10.0) -> 
     return result
 
 
+@dataclass(frozen=True)
+class TopicInfo:
+    name: str
+    topic_id: str  # Kafka's topic id: a topic deleted and recreated under the same name gets a new one
+    partitions: list[int]
+    replication: int
+
+
+def describe_topics(admin, topics: Iterable[str], timeout: float = 10.0) -> dict[str, TopicInfo]:
+    """Partitions and ids of topics (one request); raises UnknownTopic, BrokerUnreachable."""
+    from confluent_kafka import KafkaError, KafkaException, TopicCollection
+
+    names = list(topics)
+    if not names:
+        return {}
+    futures = admin.describe_topics(TopicCollection(names), request_timeout=timeout)
+    found: dict[str, TopicInfo] = {}
+    for name, future in futures.items():
+        try:
+            description = future.result()
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if error is not None and error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+                raise UnknownTopic(name) from None
+            raise BrokerUnreachable(str(exc)) from exc
+        partitions = sorted(p.id for p in description.partitions)
+        if not partitions:
+            raise UnknownTopic(name)
+        replication = min(len(p.replicas) for p in description.partitions)
+        found[name] = TopicInfo(name, str(description.topic_id), partitions, replication)
+    return found
+
+
+def cluster_id(admin, timeout: float = 10.0) -> str:
+    """The cluster's id (what groups sinks: two bootstrap lists can name one cluster)."""
+    from confluent_kafka import KafkaException
+
+    try:
+        return str(admin.describe_cluster(request_timeout=timeout).result().cluster_id)
+    except KafkaException as exc:
+        raise BrokerUnreachable(str(exc)) from exc
+
+
+def broker_count(admin, timeout: float = 10.0) -> int:
+    from confluent_kafka import KafkaException
+
+    try:
+        return len(admin.describe_cluster(request_timeout=timeout).result().nodes)
+    except KafkaException as exc:
+        raise BrokerUnreachable(str(exc)) from exc
+
+
+def broker_setting(admin, key: str, timeout: float = 10.0) -> str | None:
+    """A broker's value of `key` (asked of one broker: cluster-wide settings agree)."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    node = admin.describe_cluster(request_timeout=timeout).result().nodes[0]
+    resource = ConfigResource(ResourceType.BROKER, str(node.id))
+    configs = admin.describe_configs([resource], request_timeout=timeout)[resource].result()
+    entry = configs.get(key)
+    return entry.value if entry is not None else None
+
+
+def topic_settings(admin, topic: str, timeout: float = 10.0) -> dict[str, str]:
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    configs = admin.describe_configs([resource], request_timeout=timeout)[resource].result()
+    return {key: entry.value for key, entry in configs.items()}
+
+
 def create_topic(
     admin, name: str, partitions: int = 1, replication: int = -1, config: Mapping[str, str] | None = None
 ) -> bool:
@@ -130,6 +204,24 @@ def requires_abort(exc: BaseException) -> bool:
 def is_fatal(exc: BaseException) -> bool:
     error = kafka_error(exc)
     return bool(error and error.fatal())
+
+
+def is_fenced(exc: BaseException) -> bool:
+    """A newer producer with the same transactional id exists: this one can never commit again."""
+    from confluent_kafka import KafkaError
+
+    error = kafka_error(exc)
+    fenced = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+    return bool(error and (error.code() in fenced or error.fatal()))
+
+
+def is_indefinite(exc: BaseException) -> bool:
+    """A timeout: the request may still be in flight and land later (in a later transaction of
+    the same producer, on the transaction protocol librdkafka speaks)."""
+    from confluent_kafka import KafkaError
+
+    error = kafka_error(exc)
+    return bool(error and error.code() in (KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT_QUEUE))
 
 
 # ---------------------------------------------------------------------------------------------

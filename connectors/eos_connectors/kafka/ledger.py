@@ -1,69 +1,77 @@
-"""The ledger: the last epoch each (pipeline, sink, slot) committed, kept in Kafka itself.
+"""The ledger topic: where Kafka sinks keep their ledger entries, and the control log its records.
 
-Each slot writes its ledger record inside the same transaction as its output, so the record is
-visible (read_committed) exactly when the output is. On recovery the driver first fences every
-transactional id of the pipeline (aborting whatever a dead or stalled attempt left open), then
-reads the ledger; a slot whose ledger says it committed epoch N writes nothing when N replays.
+A slot's entry is a record keyed `<pipeline>/<sink>/<slot>` written in the same transaction as
+the slot's output, so it is visible (read_committed) exactly when the output is. The topic is
+compacted (the latest entry per key is all that matters) and one per pipeline by default: a
+read_committed reader cannot pass another pipeline's open transaction, and recovery must never
+wait on, or miss records behind, someone else's transaction.
 
-The topic is compacted (the latest record per key is all that matters) and, by default, one per
-pipeline: a read_committed reader cannot pass another pipeline's open transaction, and recovery
-must never wait on, or miss records behind, someone else's transaction.
+Durability: the ledger is what stops a replay from writing an epoch twice, so it is replicated
+like the data it protects: replication min(3, brokers) and `min.insync.replicas` 2 where there
+are three or more brokers. An existing ledger topic is checked: one that is not compacted is
+refused (retention would delete entries and a later replay would duplicate), one with fewer
+replicas than the cluster allows is reported.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import sys
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
-from eos.errors import CheckpointError, EnvironmentProblem
+from eos.api import CheckpointError, ConfigError, EnvironmentProblem, Ledger, LedgerEntry
 from eos_connectors.kafka.clients import (
     admin_client,
+    broker_count,
     consumer,
     create_topic,
-    describe_partitions,
+    describe_topics,
     end_offsets,
     producer,
+    topic_settings,
 )
 from eos_connectors.kafka.range_reader import read_range
 
-log = logging.getLogger("eos_connectors.kafka.ledger")
+log = logging.getLogger("eos.kafka.ledger")
 
-LEDGER_TOPIC_CONFIG = {
-    "cleanup.policy": "compact",
-    "min.cleanable.dirty.ratio": "0.1",
-    "segment.ms": str(6 * 3600 * 1000),
-}
+CONTROL = "~control"  # key component of control records: never a sink name
 
 
-@dataclass(frozen=True)
-class LedgerEntry:
-    pipeline: str
-    sink: str
-    slot: int
-    epoch: int
-    checkpoint: str
-    records: int = 0
-    attempt: int = 1
-    producer: str = ""
-    written_at: float = 0.0
-
-    @classmethod
-    def parse(cls, value: bytes) -> LedgerEntry:
-        data = json.loads(value)
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+def entry_key(pipeline: str, sink: str, slot: int) -> bytes:
+    return f"{pipeline}/{sink}/{slot}".encode()
 
 
-Ledger = dict[tuple[str, int], LedgerEntry]
+def control_key(pipeline: str, kind: str) -> bytes:
+    return f"{pipeline}/{CONTROL}/{kind}".encode()
 
 
-def ensure_ledger_topic(client: dict[str, Any], topic: str) -> bool:
+def ensure_ledger_topic(client: dict[str, Any], topic: str) -> None:
     admin = admin_client(client)
-    return create_topic(admin, topic, 1, config=LEDGER_TOPIC_CONFIG)
+    brokers = broker_count(admin)
+    replication = min(3, brokers)
+    config = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": str(6 * 3600 * 1000)}
+    if brokers >= 3:
+        config["min.insync.replicas"] = "2"
+    if create_topic(admin, topic, 1, replication, config=config):
+        return
+    settings = topic_settings(admin, topic)
+    if "compact" not in settings.get("cleanup.policy", ""):
+        raise ConfigError(
+            f"the ledger topic {topic} has cleanup.policy={settings.get('cleanup.policy')}: retention would delete "
+            "ledger entries, and a replay after that would write committed epochs again",
+            hint=f"set cleanup.policy=compact on {topic} (kafka-configs --alter), or use another ledger.topic",
+        )
+    have = describe_topics(admin, [topic])[topic].replication
+    if have < replication:
+        message = (
+            f"eos: warning: the ledger topic {topic} has replication factor {have} on a cluster of {brokers} brokers "
+            f"(eos creates it with {replication}); losing a broker can lose the ledger"
+        )
+        log.warning(message)
+        print(message, file=sys.stderr, flush=True)
 
 
 def fence(client: dict[str, Any], transactional_ids: Iterable[str], timeout_s: float = 60.0) -> float:
@@ -86,55 +94,63 @@ def fence(client: dict[str, Any], transactional_ids: Iterable[str], timeout_s: f
     return time.monotonic() - started
 
 
-def read_ledger(client: dict[str, Any], topic: str, pipeline: str, wait_s: float = 120.0) -> Ledger:
-    """The latest committed entry of each (sink, slot) of `pipeline`.
-
-    Call after `fence`: then nothing of this pipeline is open, and read_committed up to the high
-    watermark sees every committed record. If another writer's transaction holds the last stable
-    offset back, wait for it (bounded) rather than read a prefix and miss a commit."""
+def wait_until_stable(client: dict[str, Any], topic: str, wait_s: float) -> dict[int, int]:
+    """End offsets of `topic` once nothing is open on it (the last stable offset reached the high
+    watermark). Call after fencing: then nothing of this pipeline is open, and a transaction still
+    open is someone else's (bounded wait, then a clear error)."""
     admin = admin_client(client)
-    partitions = describe_partitions(admin, [topic])
+    partitions = {topic: describe_topics(admin, [topic])[topic].partitions}
     deadline = time.monotonic() + wait_s
     high = end_offsets(admin, partitions, read_committed=False)
     while True:
         stable = end_offsets(admin, partitions, read_committed=True)
         if all(stable[tp] >= high[tp] for tp in high):
-            break
+            return {p: end for (_, p), end in high.items()}
         if time.monotonic() > deadline:
             raise EnvironmentProblem(
-                f"the ledger topic {topic} has an open transaction that is not this pipeline's and did not "
-                f"finish within {wait_s:.0f} s; its last stable offset is stuck at {stable}",
+                f"the ledger topic {topic} has an open transaction that is not this pipeline's and did not finish "
+                f"within {wait_s:.0f} s; its last stable offset is stuck at {stable}",
                 hint="another writer uses this ledger topic; give each pipeline its own (ledger.topic)",
             )
         time.sleep(0.2)
-    return scan_ledger(client, topic, pipeline, {p: end for (_, p), end in high.items()})
 
 
-def scan_ledger(client: dict[str, Any], topic: str, pipeline: str, ends: dict[int, int], strict: bool = True) -> Ledger:
-    """The latest entry of each (sink, slot) of `pipeline` among the committed records below
-    `ends` (partition -> offset). strict: an unreadable ledger record is an error (recovery);
-    otherwise it is skipped (status reports)."""
-    entries: Ledger = {}
-    prefix = f"{pipeline}/".encode()
+def scan(
+    client: dict[str, Any], topic: str, ends: dict[int, int], strict: bool = True
+) -> dict[bytes, tuple[int, bytes]]:
+    """The latest committed value of every key below `ends` (partition -> offset), with its
+    offset. strict: stall for longer before giving up (recovery); otherwise report sooner."""
+    latest: dict[bytes, tuple[int, bytes]] = {}
     reader = consumer({**client, "isolation.level": "read_committed"})
     try:
         for partition, end in ends.items():
             for batch in read_range(reader, topic, partition, 0, end, stall_timeout_s=120 if strict else 30):
                 for message in batch:
                     key, value = message.key(), message.value()
-                    if key is None or value is None or not key.startswith(prefix):
-                        continue
-                    try:
-                        entry = LedgerEntry.parse(value)
-                    except (ValueError, TypeError, KeyError) as exc:
-                        if not strict:
-                            continue
-                        raise CheckpointError(
-                            f"ledger topic {topic}: unreadable record at offset {message.offset()}: {exc}"
-                        ) from exc
-                    slot_key = (entry.sink, entry.slot)
-                    if slot_key not in entries or entry.epoch >= entries[slot_key].epoch:
-                        entries[slot_key] = entry
+                    if key is not None and value is not None:
+                        latest[key] = (message.offset(), value)
     finally:
         reader.close()
-    return entries
+    return latest
+
+
+def entries(latest: dict[bytes, tuple[int, bytes]], pipeline: str, topic: str, strict: bool = True) -> Ledger:
+    """The ledger entries of `pipeline` among scanned records."""
+    found: Ledger = {}
+    prefix = f"{pipeline}/".encode()
+    for key, (offset, value) in latest.items():
+        if not key.startswith(prefix) or key.split(b"/")[1] == CONTROL.encode():
+            continue
+        try:
+            entry = LedgerEntry.from_json(value)
+        except (ValueError, TypeError, KeyError) as exc:
+            if not strict:
+                continue
+            raise CheckpointError(f"ledger topic {topic}: unreadable record at offset {offset}: {exc}") from exc
+        found[(entry.sink, entry.slot)] = entry
+    return found
+
+
+def read_ledger(client: dict[str, Any], topic: str, pipeline: str, wait_s: float = 120.0) -> Ledger:
+    """The latest committed entry of each (sink, slot) of `pipeline` (call after fencing)."""
+    return entries(scan(client, topic, wait_until_stable(client, topic, wait_s)), pipeline, topic)

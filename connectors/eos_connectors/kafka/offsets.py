@@ -67,15 +67,6 @@ def plan_ends(
     return ends
 
 
-def follow(
-    begin: Mapping[TopicPartition, int], own: Mapping[TopicPartition, int], leader: Mapping[TopicPartition, int]
-) -> Offsets:
-    """A follower branch's end offsets: its own plan, capped partition by partition at the
-    leader's planned end, and never before its own start. A follower that lags (after a restart)
-    catches up; it never gets ahead."""
-    return {tp: max(begin.get(tp, 0), min(end, leader.get(tp, begin.get(tp, 0)))) for tp, end in own.items()}
-
-
 @dataclass(frozen=True)
 class OffsetRange:
     topic: str
@@ -95,3 +86,19 @@ def split_ranges(start: Mapping[TopicPartition, int], end: Mapping[TopicPartitio
             ranges.append(OffsetRange(tp[0], tp[1], lo, cut))
             lo = cut
     return ranges
+
+
+def pack(ranges: list[OffsetRange], tasks: int) -> list[list[OffsetRange]]:
+    """Pack ranges into at most `tasks` read tasks, balancing offsets: largest range first onto
+    the least loaded task (ties: the lower task). A deterministic function of the ranges, so a
+    replayed epoch has the same tasks, each with the same ranges; within a task, ranges are in
+    (topic, partition, start) order."""
+    if not ranges:
+        return []
+    bins: list[list[OffsetRange]] = [[] for _ in range(min(max(1, tasks), len(ranges)))]
+    load = [0] * len(bins)
+    for r in sorted(ranges, key=lambda r: (-(r.end - r.start), r.topic, r.partition, r.start)):
+        target = min(range(len(bins)), key=lambda i: (load[i], i))
+        bins[target].append(r)
+        load[target] += r.end - r.start
+    return [sorted(b, key=lambda r: (r.topic, r.partition, r.start)) for b in bins]

@@ -1,81 +1,76 @@
-"""The two-phase-commit Kafka sink: what one sink slot does in one epoch (runs in a Spark task).
+"""The two-phase-commit Kafka sink.
 
-The slot's records arrive as Arrow batches with columns (sink, key, value, headers): every sink
-of the pipeline, and the dead-letter queues, flow through the same slots. For each sink with
-records in this slot, the slot holds one transactional producer with the stable id
-`<prefix>-<sink>-<slot>`, and per epoch:
+Per slot and epoch attempt, in a Spark task: take a transactional id from the sink's pool (the
+vote service leases one that this Python worker already holds idle, so its producer is reused:
+no `init_transactions`, no new connection), `begin_transaction`, produce the slot's rows, produce
+the slot's ledger entry into the ledger topic in the same transaction, flush. That is the
+pre-commit. The commit itself (`commit_transaction`) happens on a thread of the same worker after
+the driver recorded its decision (eos.protocol.slot): librdkafka cannot commit a transaction
+another producer opened, so the producer that pre-committed must be the one that commits, and a
+pre-committed transaction whose process dies is lost: recovery fences every id of the pool
+(`init_transactions` aborts what was open) and the epoch is replayed for the slots whose ledger
+entry does not show it (Recovery.REPLAY).
 
-  pre-commit   begin, produce the records, produce the ledger record (pipeline, sink, slot,
-               epoch) into the same transaction, flush
-  vote         tell the driver's coordinator "prepared", wait for the decision
-  commit       commit every transaction of the slot (or abort them all)
+Producers after an indefinite error. librdkafka speaks the pre-KIP-890 transaction protocol, on
+which a delayed produce or EndTxn of one transaction can land in a later transaction of the same
+producer (Jepsen's 2024 analysis: lost writes, aborted reads). So after any error whose outcome
+is unknown (a timeout on produce, flush, AddPartitions or EndTxn) a producer is never used again:
+`_Producer.use` discards it, and the next lease of its id initialises a new one, which bumps the
+producer epoch and fences whatever of the old one is still in flight.
 
-A (sink, slot) that the ledger says already committed this epoch writes nothing (a replay).
-In at-least-once mode the slot produces with an idempotent, non-transactional producer and
-neither votes nor writes ledger records: the baseline and negative control.
+In at-least-once mode the sink produces with an idempotent, non-transactional producer and
+writes no ledger: the baseline, and the negative control of the fault tests. It may duplicate;
+it must never lose: every delivery error fails the task (and Spark retries it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
-import sys
+import threading
 import time
-import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from eos.failpoints import DISARMED, Failpoints
-from eos.protocol.coordinator import COMMIT, CoordinatorAddress, VoteClient
-from eos_connectors.kafka.clients import is_fatal, is_retriable, kafka_error, producer, requires_abort
+from eos.api import (
+    ConfigError,
+    Decision,
+    Ledger,
+    LedgerEntry,
+    PipelineInfo,
+    Prepared,
+    Recovery,
+    SinkConnector,
+    SlotAborted,
+    SlotContext,
+    SlotWriter,
+    WriterFactory,
+)
+from eos_connectors.formats import avro, check_formats
+from eos_connectors.formats.encode import sink_columns
+from eos_connectors.kafka import ids, ledger
+from eos_connectors.kafka.clients import (
+    BrokerUnreachable,
+    UnknownTopic,
+    admin_client,
+    broker_setting,
+    cluster_id,
+    create_topic,
+    describe_topics,
+    is_indefinite,
+    is_retriable,
+    kafka_error,
+    producer,
+)
+from eos_connectors.kafka.config import KafkaSinkEntry
 
-SLOT_INPUT_COLUMNS = ("sink", "key", "value", "headers")
-REPORT_SCHEMA = "slot int, report string"
-
-
-class SlotAborted(RuntimeError):
-    """The epoch attempt was aborted for this slot; the driver retries the epoch."""
-
-
-@dataclass(frozen=True)
-class SinkTarget:
-    """Where the rows tagged `name` go."""
-
-    name: str
-    topic: str | None  # None: count only (poison records under on_error: skip)
-    client: dict[str, Any]
-    transactional_prefix: str  # the id is f"{transactional_prefix}-{slot}"
-
-
-@dataclass(frozen=True)
-class EpochPlan:
-    """Everything a slot needs for one attempt of one epoch (pickled into the task)."""
-
-    pipeline: str
-    checkpoint_id: str
-    epoch: int
-    attempt: int
-    slots: int
-    exactly_once: bool
-    targets: dict[str, SinkTarget]
-    ledger_topic: str
-    skip: frozenset[tuple[str, int]] = frozenset()  # (sink, slot) already committed this epoch
-    owners: dict[str, str] = field(default_factory=dict)  # transactional id -> producer token
-    coordinator: CoordinatorAddress | None = None
-    timeout_s: float = 300.0
-    failpoints: Failpoints = DISARMED
-
-
-# ---------------------------------------------------------------------------------------------
-# Producers, cached per Python worker process
-# ---------------------------------------------------------------------------------------------
-
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 # Batching for the sink's producers (the raw-loop benchmark baseline uses the same): large
-# batches, a short linger, lz4.
+# batches, a short linger, lz4. A sink's own `config:` overrides any of them.
 PRODUCER_BATCHING: dict[str, Any] = {
     "linger.ms": 5,
     "batch.size": 1_000_000,
@@ -84,87 +79,365 @@ PRODUCER_BATCHING: dict[str, Any] = {
 }
 
 
+def transaction_timeout_s(epoch_timeout_s: float) -> float:
+    """A pre-committed transaction must outlive a slow epoch; the broker aborts it after this."""
+    return max(60.0, 2 * epoch_timeout_s)
+
+
+class KafkaSink(SinkConnector):
+    kind = "kafka"
+    entry_model = KafkaSinkEntry
+    recovery = Recovery.REPLAY
+    entry: KafkaSinkEntry
+
+    def __init__(self, entry: KafkaSinkEntry, pipeline: PipelineInfo, view: str | None = None):
+        super().__init__(entry, pipeline)
+        self._cluster: str | None = None
+        self._writer: KafkaWriterFactory | None = None
+
+    # -- identity ----------------------------------------------------------------------------
+    @property
+    def client(self) -> dict[str, Any]:
+        return self.entry.kafka.client()
+
+    @property
+    def prefix(self) -> str:
+        return self.entry.transactional_id_prefix or ids.default_prefix(self.pipeline.name)
+
+    def describe(self) -> str:
+        return (
+            f"{self.entry.kafka.topic} @ {self.entry.kafka.bootstrap} ({self.entry.value_format.type}), "
+            f"transactional ids {ids.pool_id(self.prefix, self.name, 0).removesuffix('0')}<n>"
+        )
+
+    def replay_identity(self) -> dict[str, Any]:
+        identity = self.entry.model_dump(mode="json", by_alias=True)
+        # How to reach the cluster (credentials, tuning) may change; where the rows go may not.
+        identity["kafka"] = {k: v for k, v in identity["kafka"].items() if k not in ("config", "bootstrap")}
+        return identity
+
+    def system(self) -> str:
+        if self._cluster is None:
+            self._cluster = f"kafka cluster {cluster_id(admin_client(self.client))}"
+        return self._cluster
+
+    # -- checks ------------------------------------------------------------------------------
+    def validate(self) -> None:
+        formats = {"key_format": self.entry.key_format, "value_format": self.entry.value_format}
+        check_formats(f"sink {self.name}", formats, self.pipeline.base_dir)
+
+    def check(self, spark: Any) -> None:
+        admin = admin_client(self.client)
+        topic = self.entry.kafka.topic
+        try:
+            describe_topics(admin, [topic])
+        except UnknownTopic:
+            if not self.entry.kafka.create_topic:
+                raise ConfigError(
+                    f"sink {self.name}: topic {topic!r} does not exist on {self.entry.kafka.bootstrap}",
+                    hint="create it, or set `create_topic: true` (with `partitions: N`) on the sink",
+                ) from None
+            create_topic(admin, topic, self.entry.kafka.partitions)
+        if self.pipeline.exactly_once:
+            self._check_transaction_timeout(admin)
+            ledger.ensure_ledger_topic(self.client, self.pipeline.ledger)
+
+    def _check_transaction_timeout(self, admin: Any) -> None:
+        wanted = transaction_timeout_s(self.pipeline.epoch_timeout_s)
+        override = self.client.get("transaction.timeout.ms")
+        wanted_ms = int(override) if override is not None else int(wanted * 1000)
+        limit = broker_setting(admin, "transaction.max.timeout.ms")
+        if limit is not None and wanted_ms > int(limit):
+            raise ConfigError(
+                f"sink {self.name}: transactions would need transaction.timeout.ms={wanted_ms} (twice epochs.timeout, "
+                f"so a pre-committed epoch outlives a slow one), but the brokers at {self.entry.kafka.bootstrap} allow "
+                f"at most transaction.max.timeout.ms={limit}",
+                hint=f"lower epochs.timeout to {int(limit) / 2000:.0f}s or less, or raise transaction.max.timeout.ms "
+                "on the brokers",
+            )
+
+    # -- rows and writers ----------------------------------------------------------------------
+    def rows(self, view: DataFrame) -> DataFrame:
+        return sink_columns(view, self.entry, self.pipeline.base_dir)
+
+    def writer(self) -> KafkaWriterFactory:
+        if self._writer is None:
+            entry = self.entry
+            codecs = {
+                which: avro.encode_codec(fmt, which, self.pipeline.base_dir, entry.kafka.topic)
+                for which, fmt in (("key", entry.key_format), ("value", entry.value_format))
+                if fmt.type == "avro"
+            }
+            self._writer = KafkaWriterFactory(
+                sink=self.name,
+                topic=entry.kafka.topic,
+                client=self.client,
+                prefix=self.prefix,
+                ledger_topic=self.pipeline.ledger,
+                exactly_once=self.pipeline.exactly_once,
+                timeout_s=self.pipeline.epoch_timeout_s,
+                codecs=codecs,
+            )
+        return self._writer
+
+    # -- recovery ------------------------------------------------------------------------------
+    def pool_ids(self, size: int) -> list[str]:
+        return [ids.pool_id(self.prefix, self.name, n) for n in range(size)]
+
+    @classmethod
+    def fence(cls, sinks: list[SinkConnector], pools: dict[str, int], timeout_s: float) -> int:
+        fenced = 0
+        for sink in sinks:
+            assert isinstance(sink, KafkaSink)
+            txids = sink.pool_ids(pools.get(sink.name, 0))
+            ledger.fence(sink.client, txids, timeout_s)
+            fenced += len(txids)
+        return fenced
+
+    @classmethod
+    def read_ledger(cls, sinks: list[SinkConnector]) -> Ledger:
+        found: Ledger = {}
+        done: set[str] = set()
+        for sink in sinks:
+            assert isinstance(sink, KafkaSink)
+            if sink.pipeline.ledger in done:  # one read per ledger topic (the sinks share one cluster)
+                continue
+            done.add(sink.pipeline.ledger)
+            found.update(ledger.read_ledger(sink.client, sink.pipeline.ledger, sink.pipeline.name))
+        names = {sink.name for sink in sinks}
+        return {key: entry for key, entry in found.items() if key[0] in names}
+
+    def discard(self, prepared: list[Prepared]) -> None:
+        ledger.fence(self.client, [p.handle for p in prepared], self.pipeline.epoch_timeout_s)
+
+    @classmethod
+    def resolve(cls, sinks: list[SinkConnector], decision: Decision | None) -> dict[str, int]:
+        return {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Task side: producers kept per Python worker process
+# ---------------------------------------------------------------------------------------------
+
+
 @dataclass
-class CachedProducer:
-    producer: Any
-    token: str  # identifies this producer instance; the driver remembers the last committer
+class _Producer:
+    """One transactional producer of this process, for one id of a sink's pool."""
+
+    txid: str
+    instance: Any
+    busy: bool = False  # a transaction is open
+    errors: list[str] = field(default_factory=list)  # delivery errors since the last check
+    broken: bool = False
+
+    def on_delivery(self, error: Any, message: Any) -> None:
+        if error is not None:
+            self.errors.append(str(error))
 
 
-_producers: dict[str, CachedProducer] = {}
+_producers: dict[tuple[str, int], _Producer] = {}  # (sink, pool number) -> producer
+_plain: dict[str, _Producer] = {}  # at-least-once: one idempotent producer per sink
+_lock = threading.Lock()
 
 
-def _new_token() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+def _close(entry: _Producer) -> None:
+    with contextlib.suppress(Exception):
+        entry.instance.close(1)
 
 
-def _retry(call, what: str, timeout_s: float):
-    """Retry a transactional call on retriable errors (tenacity), until timeout_s."""
+@dataclass(frozen=True)
+class KafkaWriterFactory(WriterFactory):
+    sink: str
+    topic: str
+    client: dict[str, Any]
+    prefix: str
+    ledger_topic: str
+    exactly_once: bool
+    timeout_s: float
+    codecs: dict[str, Any]
+
+    def open(self, ctx: SlotContext) -> KafkaWriter:
+        return KafkaWriter(self, ctx)
+
+    def config(self, txid: str | None, on_delivery: Any) -> dict[str, Any]:
+        config = {
+            **PRODUCER_BATCHING,
+            **self.client,
+            # Only failed deliveries call back: no per-record Python call on the hot path.
+            "delivery.report.only.error": True,
+            "on_delivery": on_delivery,
+            # Small requests (InitProducerId, AddPartitions, EndTxn) must not wait on Nagle.
+            "socket.nagle.disable": self.client.get("socket.nagle.disable", True),
+        }
+        if txid is None:
+            config["enable.idempotence"] = True
+        else:
+            config["transactional.id"] = txid
+            config.setdefault("transaction.timeout.ms", int(transaction_timeout_s(self.timeout_s) * 1000))
+        return config
+
+
+def _retry(call: Any, timeout_s: float) -> Any:
+    """Retry a transactional call on retriable errors until timeout_s."""
     from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
-    retrying = retry(
+    return retry(
         retry=retry_if_exception(is_retriable),
         stop=stop_after_delay(timeout_s),
         wait=wait_exponential(multiplier=0.05, max=2),
         reraise=True,
-    )
-    return retrying(call)()
+    )(call)()
 
 
-def transactional_producer(txid: str, target: SinkTarget, expected_token: str | None, timeout_s: float):
-    """The cached producer for `txid` if this process still owns the id, else a new one.
+class KafkaWriter(SlotWriter):
+    def __init__(self, factory: KafkaWriterFactory, ctx: SlotContext):
+        self.factory = factory
+        self.ctx = ctx
+        self.records_written = 0
+        self.reused = False
+        self.number: int | None = None
+        if factory.exactly_once:
+            self.entry = self._lease()
+            self._use(lambda p: p.begin_transaction())
+        else:
+            self.entry = self._plain()
 
-    Reusing saves `init_transactions` (~60 ms) per slot and epoch. Ownership is known from the
-    driver: it passes the token of the producer that committed this id last. Any other process
-    that used the id since would have fenced our instance, so a token mismatch means recreate.
-    """
-    cached = _producers.get(txid)
-    if cached is not None and cached.token == expected_token:
-        return cached
-    if cached is not None:
-        _close(_producers.pop(txid))
-    config = {
-        # A pre-committed transaction must outlive a slow epoch; the broker aborts it after this.
-        "transaction.timeout.ms": int(max(60.0, 2 * timeout_s) * 1000),
-        **target.client,
-        "transactional.id": txid,
-        **{key: target.client.get(key, default) for key, default in PRODUCER_BATCHING.items()},
-        # Small requests (InitProducerId, AddPartitions, EndTxn) must not wait on Nagle: measured
-        # 55 -> 15 ms for a fresh init_transactions on loopback.
-        "socket.nagle.disable": target.client.get("socket.nagle.disable", True),
-    }
-    instance = producer(config)
+    # -- producers ---------------------------------------------------------------------------
+    def _lease(self) -> _Producer:
+        sink = self.factory.sink
+        with _lock:
+            idle = sorted(n for (s, n), p in _producers.items() if s == sink and not p.busy and not p.broken)
+        lease = self.ctx.lease(idle)
+        with _lock:
+            for n in lease.stale:  # fenced by another worker since: close
+                stale = _producers.pop((sink, n), None)
+                if stale is not None:
+                    _close(stale)
+            entry = _producers.get((sink, lease.number))
+            if entry is not None and not lease.fresh and not entry.broken:
+                entry.busy = True
+                self.reused = True
+                self.number = lease.number
+                return entry
+            if entry is not None:
+                _producers.pop((sink, lease.number))
+                _close(entry)
+        txid = ids.pool_id(self.factory.prefix, sink, lease.number)
+        entry = _Producer(txid, None, busy=True)
+        entry.instance = producer(self.factory.config(txid, entry.on_delivery))
 
-    def connect_and_init() -> None:
-        # A metadata request first opens the broker connection; without it librdkafka's
-        # coordinator lookup sometimes waits for its next retry tick: measured (bench/, section
-        # "a fresh sink producer") p90 504 -> 56 ms, max 507 -> 66 ms for init_transactions.
-        instance.list_topics(target.topic, timeout=timeout_s)
-        instance.init_transactions(timeout_s)
+        def connect_and_init() -> None:
+            # A metadata request first opens the broker connection; without it librdkafka's
+            # coordinator lookup sometimes waits for its next retry tick (p90 504 -> 56 ms).
+            entry.instance.list_topics(self.factory.topic, timeout=self.factory.timeout_s)
+            entry.instance.init_transactions(self.factory.timeout_s)
 
-    _retry(connect_and_init, f"init_transactions({txid})", timeout_s)
-    cached = CachedProducer(instance, _new_token())
-    _producers[txid] = cached
-    return cached
+        try:
+            _retry(connect_and_init, self.factory.timeout_s)
+        except Exception as exc:
+            _close(entry)
+            raise SlotAborted(f"sink {sink}: init_transactions({txid}) failed: {kafka_error(exc) or exc}") from None
+        with _lock:
+            _producers[(sink, lease.number)] = entry
+        self.number = lease.number
+        return entry
 
+    def _plain(self) -> _Producer:
+        with _lock:
+            entry = _plain.get(self.factory.sink)
+            if entry is None or entry.broken:
+                entry = _Producer("", None)
+                entry.instance = producer(self.factory.config(None, entry.on_delivery))
+                _plain[self.factory.sink] = entry
+            return entry
 
-_plain_producers: dict[str, Any] = {}
+    def _use(self, call: Any, what: str = "") -> Any:
+        """Every call on the producer goes through here: an indefinite error discards it."""
+        try:
+            return call(self.entry.instance)
+        except Exception as exc:
+            self._break_if_indefinite(exc)
+            raise SlotAborted(
+                f"sink {self.factory.sink} slot {self.ctx.slot}: {what or 'producer call'} failed: {kafka_error(exc) or exc}"
+            ) from None
 
+    def _break_if_indefinite(self, exc: BaseException | None, indefinite: bool = False) -> None:
+        if indefinite or (exc is not None and (is_indefinite(exc) or kafka_error(exc) is not None and kafka_error(exc).fatal())):
+            self.entry.broken = True
 
-def idempotent_producer(target: SinkTarget):
-    key = json.dumps(target.client, sort_keys=True)
-    if key not in _plain_producers:
-        _plain_producers[key] = producer({**target.client, "enable.idempotence": True, **PRODUCER_BATCHING})
-    return _plain_producers[key]
+    # -- SlotWriter ----------------------------------------------------------------------------
+    def write(self, batch: Any) -> None:
+        import pyarrow as pa
 
+        columns = {name: batch.column(name) for name in batch.schema.names}
+        for which, codec in self.factory.codecs.items():
+            columns[which] = avro.encode_batch(codec, columns[which])
+        rows = pa.RecordBatch.from_pydict(columns)
+        produce_rows(self.entry.instance, self.factory.topic, rows)
+        self.records_written += batch.num_rows
+        self._check_deliveries()
 
-def _close(cached: CachedProducer) -> None:
-    with contextlib.suppress(Exception):
-        cached.producer.close(1)
+    def precommit(self, entry: LedgerEntry) -> Prepared:
+        if self.factory.exactly_once:
+            key = ledger.entry_key(entry.pipeline, entry.sink, entry.slot)
+            self._use(lambda p: p.produce(self.factory.ledger_topic, entry.to_json().encode(), key), "ledger record")
+        remaining = self._use(lambda p: p.flush(self.factory.timeout_s), "flush")
+        if remaining:
+            self._break_if_indefinite(None, indefinite=True)
+            raise SlotAborted(
+                f"sink {self.factory.sink} slot {self.ctx.slot}: {remaining} records still undelivered after "
+                f"{self.factory.timeout_s:.0f} s"
+            )
+        self._check_deliveries()
+        return Prepared(
+            self.factory.sink, self.ctx.slot, self.entry.txid, self.records_written, self.ctx.task_attempt,
+            {"lease": self.number},
+        )  # fmt: skip
 
+    def _check_deliveries(self) -> None:
+        if self.entry.errors:
+            errors, self.entry.errors = self.entry.errors, []
+            # A record the broker did not take is lost to this transaction; its outcome may even
+            # be unknown (a timeout): the transaction cannot commit, the producer is not reused.
+            self._break_if_indefinite(None, indefinite=True)
+            raise SlotAborted(
+                f"sink {self.factory.sink} slot {self.ctx.slot}: {len(errors)} records were not delivered to "
+                f"{self.factory.topic}: {errors[0]}"
+            )
 
-def forget_producer(txid: str) -> None:
-    if txid in _producers:
-        _close(_producers.pop(txid))
+    def commit(self) -> None:
+        try:
+            _retry(lambda: self.entry.instance.commit_transaction(self.factory.timeout_s), self.factory.timeout_s)
+        except Exception as exc:
+            self._break_if_indefinite(exc)
+            with contextlib.suppress(Exception):
+                if not self.entry.broken:
+                    self.entry.instance.abort_transaction(10)
+            raise SlotAborted(f"commit of {self.entry.txid} refused: {kafka_error(exc) or exc}") from None
+        finally:
+            self._release()
+
+    def abort(self) -> None:
+        if self.factory.exactly_once and not self.entry.broken:
+            try:
+                self.entry.instance.abort_transaction(10)
+            except Exception as exc:
+                self.entry.broken = True
+                self._break_if_indefinite(exc)
+        self._release()
+
+    def _release(self) -> None:
+        with _lock:
+            self.entry.busy = False
+            if self.entry.broken and self.number is not None:
+                if _producers.get((self.factory.sink, self.number)) is self.entry:
+                    _producers.pop((self.factory.sink, self.number))
+                _close(self.entry)
+            elif self.entry.broken:
+                _plain.pop(self.factory.sink, None)
+
+    def records(self) -> int:
+        return self.records_written
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,169 +490,22 @@ def produce_rows(instance: Any, topic: str, batch: Any) -> int:
     return n
 
 
-def _flush(instance: Any, what: str, timeout_s: float) -> None:
-    remaining = instance.flush(timeout_s)
-    if remaining:
-        raise SlotAborted(f"{what}: {remaining} records still undelivered after {timeout_s:.0f} s")
+def lingering(client: dict[str, Any], topics: list[str]) -> list[str]:
+    """Partitions of `topics` whose last stable offset is below the high watermark: an open
+    transaction holds every read_committed reader there."""
+    from eos_connectors.kafka.clients import end_offsets
+
+    admin = admin_client(client)
+    found = []
+    for topic in topics:
+        try:
+            partitions = {topic: describe_topics(admin, [topic])[topic].partitions}
+        except (UnknownTopic, BrokerUnreachable):
+            continue
+        high = end_offsets(admin, partitions, read_committed=False)
+        stable = end_offsets(admin, partitions, read_committed=True)
+        found += [f"{t}/{p}: stable {stable[(t, p)]} < end {h}" for (t, p), h in high.items() if stable[(t, p)] < h]
+    return found
 
 
-def ledger_record(plan: EpochPlan, sink: str, slot: int, records: int, token: str) -> tuple[str, str]:
-    key = f"{plan.pipeline}/{sink}/{slot}"
-    value = {
-        "pipeline": plan.pipeline, "sink": sink, "slot": slot, "epoch": plan.epoch, "attempt": plan.attempt,
-        "checkpoint": plan.checkpoint_id, "records": records, "producer": token, "written_at": time.time(),
-    }  # fmt: skip
-    return key, json.dumps(value, sort_keys=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# One slot, one epoch
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class SinkWrite:
-    target: SinkTarget
-    txid: str
-    cached: CachedProducer | None = None
-    records: int = 0
-
-
-def _split_by_sink(batch: Any) -> Iterator[tuple[str, Any]]:
-    import pyarrow.compute as pc
-
-    sinks = batch.column("sink")
-    names = pc.unique(sinks).to_pylist()
-    if len(names) == 1:
-        yield names[0], batch
-        return
-    for name in names:
-        yield name, batch.filter(pc.equal(sinks, name))
-
-
-def write_slot(plan: EpochPlan, slot: int, batches: Iterator[Any]) -> dict[str, Any]:
-    """Run the slot's part of the epoch; returns its report (counts, timings, producer tokens)."""
-    fp = plan.failpoints
-    started = time.perf_counter()
-    report: dict[str, Any] = {"slot": slot, "pid": os.getpid(), "host": socket.gethostname(),
-                              "records": {}, "replay_skipped": {}, "counted_only": {}, "tokens": {}}  # fmt: skip
-    writes: dict[str, SinkWrite] = {}
-    voter = None
-    if plan.exactly_once and plan.coordinator is not None:
-        voter = VoteClient(plan.coordinator, plan.epoch, plan.attempt, slot, plan.timeout_s)
-    try:
-        produced_batches = 0
-        for batch in batches:
-            for name, rows in _split_by_sink(batch):
-                target = plan.targets[name]
-                if target.topic is None:
-                    report["counted_only"][name] = report["counted_only"].get(name, 0) + rows.num_rows
-                    continue
-                if (name, slot) in plan.skip:
-                    report["replay_skipped"][name] = report["replay_skipped"].get(name, 0) + rows.num_rows
-                    continue
-                write = writes.get(name)
-                if write is None:
-                    write = writes[name] = SinkWrite(target, f"{target.transactional_prefix}-{slot}")
-                    if plan.exactly_once:
-                        acquire_started = time.perf_counter()
-                        write.cached = transactional_producer(
-                            write.txid, target, plan.owners.get(write.txid), plan.timeout_s
-                        )
-                        report["init_s"] = report.get("init_s", 0.0) + time.perf_counter() - acquire_started
-                        report["reused"] = write.cached.token == plan.owners.get(write.txid)
-                        write.cached.producer.begin_transaction()
-                    else:
-                        write.cached = CachedProducer(idempotent_producer(target), "")
-                write.records += produce_rows(write.cached.producer, target.topic, rows)
-                produced_batches += 1
-                if produced_batches == 1:
-                    fp.hit("sink.mid_produce", plan.epoch, slot, plan.attempt)
-        report["produce_s"] = time.perf_counter() - started
-
-        flush_started = time.perf_counter()
-        for name, write in writes.items():
-            assert write.cached is not None
-            if plan.exactly_once:
-                key, value = ledger_record(plan, name, slot, write.records, write.cached.token)
-                write.cached.producer.produce(plan.ledger_topic, value.encode(), key.encode())
-            _flush(write.cached.producer, f"sink {name} slot {slot}", plan.timeout_s)
-            report["records"][name] = write.records
-        report["flush_s"] = time.perf_counter() - flush_started
-        if not plan.exactly_once:
-            # No vote and no commit: the records are already visible. The same points fire here so
-            # the fault matrix can crash at-least-once runs where exactly-once runs are crashed.
-            for point in ("sink.after_precommit", "sink.after_agreement", "sink.between_commits"):
-                fp.hit(point, plan.epoch, slot, plan.attempt)
-            return report
-
-        fp.hit("sink.after_precommit", plan.epoch, slot, plan.attempt)
-        vote_started = time.perf_counter()
-        assert voter is not None
-        decision, reason = voter.vote_prepared({"records": report["records"]})
-        report["vote_s"] = time.perf_counter() - vote_started
-        if decision != COMMIT:
-            raise SlotAborted(f"epoch {plan.epoch} attempt {plan.attempt} aborted: {reason}")
-
-        fp.hit("sink.after_agreement", plan.epoch, slot, plan.attempt)
-        commit_started = time.perf_counter()
-        for write in writes.values():
-            assert write.cached is not None
-            _commit(write, plan.timeout_s)
-            report["tokens"][write.txid] = write.cached.token
-        report["commit_s"] = time.perf_counter() - commit_started
-        fp.hit("sink.between_commits", plan.epoch, slot, plan.attempt)
-        voter.report_committed()
-        return report
-    except BaseException as exc:
-        if voter is not None:
-            voter.vote_failed(f"{type(exc).__name__}: {exc}")
-        for write in writes.values():
-            _abort_quietly(write)
-        raise
-    finally:
-        if voter is not None:
-            voter.close()
-
-
-def _commit(write: SinkWrite, timeout_s: float) -> None:
-    assert write.cached is not None
-    instance = write.cached.producer
-    try:
-        _retry(lambda: instance.commit_transaction(timeout_s), f"commit {write.txid}", timeout_s)
-    except Exception as exc:
-        # Visible in the executor's log: a zombie that wakes up after a newer attempt fenced its
-        # transactional id ends here, and nothing it wrote becomes visible.
-        print(f"eos: commit of {write.txid} refused: {kafka_error(exc) or exc}", file=sys.stderr, flush=True)
-        if requires_abort(exc):
-            _abort_quietly(write)
-            raise SlotAborted(f"commit of {write.txid} needs an abort: {kafka_error(exc)}") from exc
-        forget_producer(write.txid)
-        raise
-
-
-def _abort_quietly(write: SinkWrite) -> None:
-    """Best effort: an abandoned transaction is also aborted by the next fencing."""
-    if write.cached is None or not write.txid:
-        return
-    try:
-        write.cached.producer.abort_transaction(10)
-    except Exception as exc:
-        if is_fatal(exc) or not is_retriable(exc):
-            forget_producer(write.txid)
-
-
-def slot_task(plan: EpochPlan):
-    """The function for `mapInArrow(..., barrier=...)`: one task = one slot."""
-
-    def run(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-        from pyspark import TaskContext
-
-        slot = TaskContext.get().partitionId()
-        report = write_slot(plan, slot, batches)
-        yield pa.RecordBatch.from_arrays(
-            [pa.array([slot], pa.int32()), pa.array([json.dumps(report)], pa.string())], names=["slot", "report"]
-        )
-
-    return run
+__all__ = ["PRODUCER_BATCHING", "KafkaSink", "KafkaWriter", "KafkaWriterFactory", "produce_pairs", "produce_rows"]

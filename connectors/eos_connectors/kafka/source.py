@@ -1,386 +1,271 @@
-"""The re-settable Kafka source: a PySpark Python streaming data source ("eos-kafka").
+"""The Kafka source connector: checks, pins and builds the re-settable source (eos_connectors.kafka.reader)
+for one `sources:` entry, and its dead-letter queue.
 
-- The driver plans each epoch's end offsets (`latestOffset`) and Spark logs them before any
-  record is read: that log is the barrier. A replay reads exactly the logged ranges (I4).
-- `initialOffset` returns the starting offsets eos resolved once and stored in the checkpoint,
-  so it is stable across restarts.
-- read_committed by default, planned up to the last stable offset; ranges end at their planned
-  end offset, never at "N records read" (markers and aborted records leave offset gaps).
-- Admission control: at most N offsets an epoch, spread fairly over partitions; a large range
-  is split over several tasks.
-- Reads yield Arrow record batches: key, value, topic, partition, offset, timestamp, headers.
-- After each epoch the end offsets are committed to a consumer group, for lag monitoring only.
-
-The planning methods run in a Python process the Spark driver starts (not in eos's own driver
-process), so everything the reader needs travels in the `eos.source` option as JSON.
+Pinned at a checkpoint's first start: each topic's starting offsets, resolved once from
+`earliest`/`latest`/explicit offsets (so `initialOffset` is stable across restarts), and each
+topic's id. At every start and in every epoch's plan the ids are compared: a topic deleted and
+recreated under the same name is refused with a clear error, whatever its offsets look like.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import os
-import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
-
-from eos.failpoints import Failpoints
-from eos.failpoints import parse as parse_failpoints
+from eos.api import (
+    ERROR,
+    RAW_KEY,
+    RAW_VALUE,
+    CheckpointError,
+    ConfigError,
+    ControlLog,
+    EnvironmentProblem,
+    PartitionLag,
+    PipelineInfo,
+    SinkConnector,
+    SourceConnector,
+    StreamOptions,
+)
+from eos_connectors.formats import avro, check_formats
+from eos_connectors.formats.decode import decode_in_spark, source_view
 from eos_connectors.kafka import offsets as planning
 from eos_connectors.kafka.clients import (
     BrokerUnreachable,
     UnknownTopic,
     admin_client,
     consumer,
-    describe_partitions,
+    describe_topics,
     end_offsets,
+    only_connection_settings,
     start_offsets,
 )
-from eos_connectors.kafka.range_reader import FETCH_TUNING, RangeReadError, read_range
+from eos_connectors.kafka.config import KafkaSinkEntry, KafkaSinkSection, KafkaSourceEntry
+from eos_connectors.kafka.control import KafkaControlLog
+from eos_connectors.kafka.reader import FORMAT_NAME, KafkaDataSource, ReaderOptions
+from eos_connectors.kafka.sink import KafkaSink
 
-log = logging.getLogger("eos.source")
-
-FORMAT_NAME = "eos-kafka"
-RAW_SCHEMA = (
-    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
-    "headers array<struct<key: string, value: binary>>"
-)
-ARROW_BATCH_ROWS = 20_000
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
-class SourceError(Exception):
-    """A source problem the pipeline cannot continue past without the user's decision."""
+class KafkaSource(SourceConnector):
+    kind = "kafka"
+    entry_model = KafkaSourceEntry
+    entry: KafkaSourceEntry
 
-
-@dataclass(frozen=True)
-class SourceOptions:
-    name: str
-    client: dict[str, Any]  # librdkafka settings: bootstrap.servers, SASL/SSL, passthrough
-    topics: list[str]
-    starting: dict[str, dict[str, int]]  # resolved starting offsets, encoded
-    max_records_per_epoch: int | None = None
-    max_records_per_task: int = 200_000
-    read_committed: bool = True
-    on_out_of_range: str = "fail"
-    group_id: str | None = None  # consumer group for lag monitoring
-    broker_wait_s: float = 120.0  # how long planning retries an unreachable broker before failing
-    # A config source is read by two Spark sources (the view's rows and the poison rows), which
-    # share one plan per epoch through a PlanBook under plan_dir (see KafkaStreamReader.latestOffset).
-    plan_dir: str = ""
-    run_id: str = ""
-    follower: bool = False
-    reads: bool = True  # False: plan and log offsets, read nothing (the poison branch under `fail`)
-    failpoints: list[str] = field(default_factory=list)  # armed specs (tests and soak runs)
-    failpoint_state: str = ""
-    driver_pgid: int = 0
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> SourceOptions:
-        return cls(**json.loads(text))
-
-
-class KafkaRange(InputPartition):
-    def __init__(self, topic: str, partition: int, start: int, end: int):
-        super().__init__((topic, partition, start, end))
-        self.topic, self.partition, self.start, self.end = topic, partition, start, end
-
-
-def resolve_starting_offsets(
-    client: dict[str, Any], topics: list[str], starting: str | dict[str, dict[int, int]], read_committed: bool = True
-) -> planning.Offsets:
-    """Turn earliest / latest / explicit offsets into explicit per-partition offsets, once."""
-    admin = admin_client(client)
-    partitions = describe_partitions(admin, topics)
-    if starting == "earliest":
-        return start_offsets(admin, partitions)
-    if starting == "latest":
-        return end_offsets(admin, partitions, read_committed=read_committed)
-    assert isinstance(starting, dict)
-    resolved: planning.Offsets = {}
-    for topic in topics:
-        given = starting.get(topic)
-        if given is None:
-            raise SourceError(f"starting_offsets names no offsets for topic {topic!r}")
-        for partition in partitions[topic]:
-            if partition not in given:
-                raise SourceError(f"starting_offsets for {topic!r} has no offset for partition {partition}")
-            resolved[(topic, partition)] = int(given[partition])
-    return resolved
-
-
-# ---------------------------------------------------------------------------------------------
-# Executor side: reading a range into Arrow batches
-# ---------------------------------------------------------------------------------------------
-
-_consumers: dict[str, Any] = {}
-
-
-def _cached_consumer(options: SourceOptions):
-    """One consumer per Python worker and configuration, reused across tasks."""
-    key = json.dumps([options.client, options.read_committed], sort_keys=True)
-    if key not in _consumers:
-        _consumers[key] = consumer(
-            options.client,
-            **{
-                "isolation.level": "read_committed" if options.read_committed else "read_uncommitted",
-                "enable.partition.eof": True,
-                "auto.offset.reset": "error",
-                **FETCH_TUNING,
-            },
-        )
-    return _consumers[key]
-
-
-def to_arrow(messages: list[Any], topic: str, partition: int):
-    import pyarrow as pa
-
-    n = len(messages)
-    keys, values, offsets, stamps, headers = [], [], [], [], []
-    for m in messages:
-        keys.append(m.key())
-        values.append(m.value())
-        offsets.append(m.offset())
-        stamps.append(m.timestamp()[1] * 1000)
-        h = m.headers()
-        headers.append([{"key": k, "value": v} for k, v in h] if h else [])
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(keys, pa.binary()),
-            pa.array(values, pa.binary()),
-            pa.array([topic] * n, pa.string()),
-            pa.array([partition] * n, pa.int32()),
-            pa.array(offsets, pa.int64()),
-            pa.array(stamps, pa.timestamp("us", tz="UTC")),
-            pa.array(headers, HEADERS_TYPE()),
-        ],
-        names=["key", "value", "topic", "partition", "offset", "timestamp", "headers"],
-    )
-
-
-def HEADERS_TYPE():
-    import pyarrow as pa
-
-    return pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
-
-
-def read_partition_range(options: SourceOptions, part: KafkaRange) -> Iterator[Any]:
-    if options.failpoints:
-        Failpoints(parse_failpoints(options.failpoints), options.failpoint_state, options.driver_pgid).hit(
-            "source.read", slot=part.partition
-        )
-    reader = _cached_consumer(options)
-    start = part.start
-    try:
-        pending: list[Any] = []
-        for batch in read_range(reader, part.topic, part.partition, start, part.end):
-            pending.extend(batch)
-            if len(pending) >= ARROW_BATCH_ROWS:
-                yield to_arrow(pending, part.topic, part.partition)
-                pending = []
-        if pending:
-            yield to_arrow(pending, part.topic, part.partition)
-    except RangeReadError as exc:
-        if "out of range" in str(exc) and options.on_out_of_range == "earliest":
-            low = start_offsets(admin_client(options.client), {part.topic: [part.partition]})
-            first = low[(part.topic, part.partition)]
-            if first > start:
-                log.error(
-                    "source %s: offsets [%d, %d) of %s/%d were deleted before they were read; "
-                    "on_out_of_range=earliest continues from %d (records LOST)",
-                    options.name, start, first, part.topic, part.partition, first,
-                )  # fmt: skip
-                yield from read_partition_range(options, KafkaRange(part.topic, part.partition, first, part.end))
-                return
-        raise SourceError(f"source {options.name}: {exc}") from None
-
-
-# ---------------------------------------------------------------------------------------------
-# Driver side: planning
-# ---------------------------------------------------------------------------------------------
-
-
-class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: SourceOptions):
-        self.options = options
-        self._admin = None
-        self._group_consumer = None
-        self._available_now_target: planning.Offsets | None = None
+    def __init__(self, entry: KafkaSourceEntry, pipeline: PipelineInfo):
+        super().__init__(entry, pipeline)
+        self._admin: Any = None
 
     @property
-    def admin(self):
+    def client(self) -> dict[str, Any]:
+        return self.entry.kafka.client()
+
+    @property
+    def admin(self) -> Any:
         if self._admin is None:
-            self._admin = admin_client(self.options.client)
+            self._admin = admin_client(self.client)
         return self._admin
 
-    def initialOffset(self) -> dict:
-        return self.options.starting
+    def describe(self) -> str:
+        kafka = self.entry.kafka
+        start = kafka.starting_offsets if isinstance(kafka.starting_offsets, str) else "explicit"
+        return (
+            f"{', '.join(kafka.topics)} @ {kafka.bootstrap} ({self.entry.value_format.type}, {kafka.isolation}, "
+            f"start {start}, on_error {self.entry.on_error})"
+        )
 
-    def getDefaultReadLimit(self) -> ReadLimit:
-        n = self.options.max_records_per_epoch
-        return ReadMaxRows(n) if n else ReadAllAvailable()
+    def replay_identity(self) -> dict[str, Any]:
+        identity = self.entry.model_dump(mode="json", by_alias=True)
+        # Credentials and client tuning may change while an epoch is pending; what is read may not.
+        identity["kafka"] = {k: v for k, v in identity["kafka"].items() if k not in ("config", "bootstrap")}
+        return identity
 
-    def _latest(self) -> planning.Offsets:
-        """Partitions and their latest offsets. A broker that restarts is waited for (bounded by
-        broker_wait_s); a topic that no longer exists stops the pipeline."""
-        from confluent_kafka import KafkaException
+    # -- checks and pins -----------------------------------------------------------------------
+    def validate(self) -> None:
+        formats = {"key_format": self.entry.key_format, "value_format": self.entry.value_format}
+        check_formats(f"source {self.name}", formats, self.pipeline.base_dir)
 
-        deadline = time.monotonic() + self.options.broker_wait_s
-        while True:
-            try:
-                partitions = describe_partitions(self.admin, self.options.topics)
-                return end_offsets(self.admin, partitions, read_committed=self.options.read_committed)
-            except UnknownTopic as exc:
-                raise SourceError(
-                    f"source {self.options.name}: topic {exc.topic!r} does not exist (deleted, or never created); "
-                    "the pipeline stops rather than silently skip or re-read it"
-                ) from None
-            except (BrokerUnreachable, KafkaException) as exc:
-                if time.monotonic() > deadline:
-                    raise SourceError(
-                        f"source {self.options.name}: cannot reach Kafka at "
-                        f"{self.options.client.get('bootstrap.servers')} for {self.options.broker_wait_s:.0f} s: {exc}"
-                    ) from None
-                log.warning("source %s: Kafka unreachable (%s); retrying", self.options.name, exc)
-                time.sleep(1.0)
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        self._available_now_target = self._latest()
-
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        """The epoch's end offsets. The two branches of a config source must plan the same epoch:
-        Spark asks them one after the other, in an order of its own, and the second one adopts
-        the plan the first made from the same start. (Capping one branch at the other's previous
-        plan instead made it lag one epoch behind whenever Spark asked it first, and cost an
-        extra epoch at the end.)"""
-        if not self.options.plan_dir:
-            return self._plan(start, limit)
-        plans = PlanBook(Path(self.options.plan_dir), self.options.run_id)
-        role = "follower" if self.options.follower else "leader"
-        shared = plans.take(start, role)
-        if shared is not None:
-            return shared
-        end = self._plan(start, limit)
-        leader_end = plans.leader_end()
-        if self.options.follower and leader_end is not None and start != leader_end:
-            # Out of step with the view branch (never expected: both ends are logged together):
-            # catch up, but never get ahead of it.
-            end = planning.encode(planning.follow(planning.decode(start), planning.decode(end),
-                                                  planning.decode(leader_end)))  # fmt: skip
-        plans.offer(start, end, role)
-        return end
-
-    def _plan(self, start: dict, limit: ReadLimit) -> dict:
-        begin = planning.decode(start)
-        latest = self._available_now_target if self._available_now_target is not None else self._latest()
-        if self._available_now_target is None:
-            vanished = {tp for tp in begin if tp not in latest}
-            if vanished:
-                raise SourceError(
-                    f"source {self.options.name}: partitions {sorted(vanished)} disappeared (topic deleted and "
-                    "recreated?); refusing to continue"
+    def _topics(self) -> dict[str, Any]:
+        kafka = self.entry.kafka
+        try:
+            topics = describe_topics(self.admin, kafka.topics)
+        except UnknownTopic as exc:
+            raise ConfigError(f"source {self.name}: topic {exc.topic!r} does not exist on {kafka.bootstrap}") from None
+        except BrokerUnreachable as exc:
+            raise EnvironmentProblem(
+                f"source {self.name}: cannot reach Kafka at {kafka.bootstrap} ({exc})",
+                hint="is the broker running (`eos kafka status`) and is bootstrap right?",
+            ) from None
+        for topic, info in topics.items():
+            if not info.topic_id or info.topic_id.startswith("AAAAAAAAAAAAAAAAAAAAAA"):
+                raise EnvironmentProblem(
+                    f"source {self.name}: the brokers at {kafka.bootstrap} report no id for topic {topic!r}: they are "
+                    "older than Kafka 2.8, and eos relies on topic ids to tell a recreated topic from the original",
+                    hint="upgrade the brokers to Kafka 3.0 or later",
                 )
-        max_records = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        ends = planning.plan_ends(begin, latest, max_records)
-        # Never plan backwards: a recreated topic has a smaller end than what was read already.
-        for tp, end in ends.items():
-            if end < begin.get(tp, 0):
-                raise SourceError(
-                    f"source {self.options.name}: {tp[0]}/{tp[1]} ends at offset {end}, before offset "
-                    f"{begin[tp]} already read (topic recreated?); refusing to continue"
+        return topics
+
+    def check(self, spark: Any) -> None:
+        self._topics()
+        dead = self.dead_letters()
+        if dead is not None:
+            dead.check(spark)
+
+    def pin(self) -> dict[str, Any]:
+        topics = self._topics()
+        kafka = self.entry.kafka
+        partitions = {topic: info.partitions for topic, info in topics.items()}
+        starting = kafka.starting_offsets
+        if starting == "earliest":
+            resolved = start_offsets(self.admin, partitions)
+        elif starting == "latest":
+            resolved = end_offsets(self.admin, partitions, read_committed=kafka.isolation == "read_committed")
+        else:
+            resolved = {}
+            for topic, parts in partitions.items():
+                given = starting.get(topic)
+                if given is None:
+                    raise ConfigError(f"source {self.name}: starting_offsets names no offsets for topic {topic!r}")
+                for partition in parts:
+                    if partition not in given:
+                        raise ConfigError(
+                            f"source {self.name}: starting_offsets for {topic!r} has no offset for partition {partition}"
+                        )
+                    resolved[(topic, partition)] = int(given[partition])
+        return {
+            "topics": list(kafka.topics),
+            "starting": planning.encode(resolved),
+            "topic_ids": {topic: info.topic_id for topic, info in topics.items()},
+        }
+
+    def check_pin(self, pinned: dict[str, Any]) -> None:
+        if sorted(pinned["topics"]) != sorted(self.entry.kafka.topics):
+            raise CheckpointError(
+                f"source {self.name}: topics changed from {pinned['topics']} to {list(self.entry.kafka.topics)}; Spark "
+                "cannot resume a checkpoint whose sources read other topics",
+                hint="use a new checkpoint location (the output is then written from the new starting offsets)",
+            )
+        for topic, info in self._topics().items():
+            was = pinned.get("topic_ids", {}).get(topic)
+            if was and was != info.topic_id:
+                raise CheckpointError(
+                    f"source {self.name}: topic {topic!r} is not the topic this checkpoint read: it was deleted and "
+                    f"recreated (topic id {was} then, {info.topic_id} now). Its offsets now mean other records; "
+                    "resuming would skip or re-read some of them.",
+                    hint="to start over on the new topic: `eos reset PIPELINE --yes` (its output is written again)",
                 )
-        return planning.encode(ends)
 
-    def partitions(self, start: dict, end: dict) -> list[KafkaRange]:
-        if not self.options.reads:
-            return []
-        ranges = planning.split_ranges(planning.decode(start), planning.decode(end), self.options.max_records_per_task)
-        return [KafkaRange(r.topic, r.partition, r.start, r.end) for r in ranges]
+    # -- the stream ----------------------------------------------------------------------------
+    def _codec(self, which: str) -> Any:
+        fmt = self.entry.key_format if which == "key" else self.entry.value_format
+        if fmt.type != "avro":
+            return None
+        return avro.decode_codec(fmt, which, self.pipeline.base_dir, list(self.entry.kafka.topics))
 
-    def read(self, partition: KafkaRange) -> Iterator[Any]:
-        yield from read_partition_range(self.options, partition)
+    def stream(self, spark: Any, pinned: dict[str, Any], options: StreamOptions) -> DataFrame:
+        kafka = self.entry.kafka
+        reader = ReaderOptions(
+            name=self.name,
+            client=self.client,
+            topics=list(kafka.topics),
+            starting=pinned["starting"],
+            topic_ids=pinned.get("topic_ids", {}),
+            parallelism=options.parallelism,
+            on_error=self.entry.on_error,
+            key_codec=self._codec("key"),
+            value_codec=self._codec("value"),
+            max_records_per_epoch=kafka.max_records_per_epoch,
+            max_records_per_task=kafka.max_records_per_task,
+            read_committed=kafka.isolation == "read_committed",
+            on_out_of_range=kafka.on_out_of_range,
+            group_id=f"eos-{self.pipeline.name}.{self.name}",
+            failpoints=options.failpoints,
+            failpoint_state=options.failpoint_state,
+            driver_pgid=options.driver_pgid,
+        )
+        spark.dataSource.register(KafkaDataSource)
+        raw = spark.readStream.format(FORMAT_NAME).option("eos.source", reader.encode()).load()
+        decoded = decode_in_spark(raw, self.entry, self.pipeline.base_dir)
+        return source_view(decoded, self.entry)
 
-    def commit(self, end: dict) -> None:
-        """Spark marked the epoch ending at `end` committed: publish progress for lag monitoring."""
-        if not self.options.group_id or not self.options.reads:
-            return
+    def dead_letters(self) -> SinkConnector | None:
+        if self.entry.on_error != "dlq" or not self.entry.dlq_topic:
+            return None
+        entry = KafkaSinkEntry.model_construct(
+            name=f"{self.name}.dlq",
+            input=None,
+            kafka=KafkaSinkSection.model_construct(
+                bootstrap=self.entry.kafka.bootstrap,
+                topic=self.entry.dlq_topic,
+                partitions=1,
+                create_topic=True,
+                config=only_connection_settings(self.entry.kafka.config),
+            ),
+            key="key",
+            value="value",
+            headers="headers",
+            transactional_id_prefix=None,
+        )
+        return DeadLetters(entry, self.pipeline, self.entry)
+
+    def control_log(self) -> ControlLog:
+        return KafkaControlLog(
+            only_connection_settings(self.client), f"{self.pipeline.ledger}.control", self.pipeline.name,
+            timeout_s=max(60.0, self.pipeline.epoch_timeout_s),
+        )  # fmt: skip
+
+    # -- monitoring ----------------------------------------------------------------------------
+    def lag(self, logged: dict[str, Any] | None) -> list[PartitionLag]:
+        kafka = self.entry.kafka
+        partitions = {topic: info.partitions for topic, info in describe_topics(self.admin, kafka.topics).items()}
+        ends = end_offsets(self.admin, partitions, read_committed=kafka.isolation == "read_committed")
+        done = planning.decode(logged) if logged else {}
+        return [
+            PartitionLag(self.name, topic, partition, end, done.get((topic, partition)))
+            for (topic, partition), end in sorted(ends.items())
+        ]
+
+    def publish_progress(self, logged: dict[str, Any]) -> None:
         from confluent_kafka import TopicPartition
 
+        ends = planning.decode(logged)
+        if not ends:
+            return
+        group = consumer(self.client, **{"group.id": f"eos-{self.pipeline.name}.{self.name}"})
         try:
-            if self._group_consumer is None:
-                self._group_consumer = consumer(self.options.client, **{"group.id": self.options.group_id})
-            offsets = [TopicPartition(t, p, o) for (t, p), o in planning.decode(end).items()]
-            if offsets:
-                self._group_consumer.commit(offsets=offsets, asynchronous=False)
-        except Exception as exc:  # monitoring only: never fail the pipeline for it
-            log.warning("source %s: could not commit offsets to group %s: %s", self.options.name,
-                        self.options.group_id, exc)  # fmt: skip
-
-    def stop(self) -> None:
-        if self._group_consumer is not None:
-            self._group_consumer.close()
-            self._group_consumer = None
+            group.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in ends.items()], asynchronous=False)
+        finally:
+            group.close()
 
 
-class PlanBook:
-    """The plan one branch of a config source made for an epoch, offered to the other branch
-    (one small JSON file per run; both branches live in the driver and are asked in turn).
-    Read once when opened: open one per latestOffset call."""
+class DeadLetters(KafkaSink):
+    """A source's dead-letter queue: each poison record as it was read (raw key and value, its
+    headers) plus provenance headers, written exactly once in the epoch's transactions."""
 
-    def __init__(self, folder: Path, run_id: str):
-        self.folder, self.path = folder, folder / f"{run_id}.json"
-        try:
-            self.book: dict = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            self.book = {}
+    def __init__(self, entry: KafkaSinkEntry, pipeline: PipelineInfo, source: KafkaSourceEntry):
+        super().__init__(entry, pipeline)
+        self.source = source
 
-    def _save(self) -> None:
-        first = not self.path.exists()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        staging = self.folder / f".{os.getpid()}.tmp"
-        staging.write_text(json.dumps(self.book, sort_keys=True))
-        os.replace(staging, self.path)
-        if first:  # a new run: earlier runs' files are never read again
-            runs = sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
-            for old in runs[:-8]:
-                old.unlink(missing_ok=True)
+    def rows(self, view: DataFrame) -> DataFrame:
+        from pyspark.sql import functions as F
 
-    def offer(self, start: dict, end: dict, role: str) -> None:
-        """Record `role`'s plan start -> end for the other branch to take once."""
-        self.book.update(start=start, end=end, by=role, taken=False)
-        if role == "leader":
-            self.book["leader_end"] = end
-        self._save()
+        meta = "_" if self.source.value_format.type in ("json", "avro") else ""
 
-    def take(self, start: dict, role: str) -> dict | None:
-        """The other branch's untaken plan from the same start, marked taken; else None."""
-        book = self.book
-        if not book or book["taken"] or book["by"] == role or book["start"] != start:
-            return None
-        book["taken"] = True
-        if role == "leader":
-            book["leader_end"] = book["end"]
-        self._save()
-        return book["end"]
+        def header(name: str, value: Any) -> Any:
+            return F.struct(F.lit(name).alias("key"), value.cast("string").cast("binary").alias("value"))
 
-    def leader_end(self) -> dict | None:
-        return self.book.get("leader_end")
-
-
-class KafkaSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return FORMAT_NAME
-
-    def schema(self) -> str:
-        return RAW_SCHEMA
-
-    def streamReader(self, schema) -> KafkaStreamReader:
-        return KafkaStreamReader(SourceOptions.from_json(self.options["eos.source"]))
+        provenance = F.array(
+            header("eos.error", F.col(ERROR)),
+            header("eos.pipeline", F.lit(self.pipeline.name)),
+            header("eos.source", F.lit(self.source.name)),
+            header("eos.topic", F.col(f"{meta}topic")),
+            header("eos.partition", F.col(f"{meta}partition")),
+            header("eos.offset", F.col(f"{meta}offset")),
+        )
+        return view.select(
+            F.col(RAW_KEY).alias("key"),
+            F.col(RAW_VALUE).alias("value"),
+            F.concat(F.col(f"{meta}headers"), provenance).cast("array<struct<key: string, value: binary>>").alias(
+                "headers"
+            ),
+        )

@@ -1,0 +1,142 @@
+"""The control log on Kafka (see eos.protocol.decision for what it is for).
+
+Records go to the pipeline's control topic (`<ledger topic>.control`, compacted, one partition,
+replicated like the ledger), written only through one transactional producer whose id is the
+pipeline's driver id (`eos/<pipeline>/~driver`). `init_transactions` on that id by a new driver
+bumps its producer epoch: every write of an older driver fails from then on with a fencing
+error, which this module turns into `DriverFenced`.
+
+Why its own topic: recovery must read the control records (how many transactional ids to fence)
+*before* it fences the sink slots, and the slots' transactions hold the ledger topic's last
+stable offset; only the driver writes here, and a new driver's `init_transactions` has already
+ended whatever the old one had open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+from eos.api import (
+    ControlLog,
+    ControlState,
+    Decision,
+    DriverFenced,
+    DriverInfo,
+    EnvironmentProblem,
+    Retriable,
+    decode,
+    encode,
+)
+from eos_connectors.kafka import ids
+from eos_connectors.kafka.clients import admin_client, is_fenced, is_indefinite, kafka_error, producer
+from eos_connectors.kafka.ledger import control_key, ensure_ledger_topic, scan, wait_until_stable
+
+log = logging.getLogger("eos.kafka.control")
+
+KINDS = ("driver", "decision", "pools")
+
+
+class KafkaControlLog(ControlLog):
+    def __init__(self, client: dict[str, Any], topic: str, pipeline: str, timeout_s: float = 60.0):
+        self.client = client
+        self.topic = topic
+        self.pipeline = pipeline
+        self.timeout_s = timeout_s
+        self.txid = ids.driver_id(pipeline)
+        self._producer: Any = None
+
+    # -- reading -------------------------------------------------------------------------------
+    def _read(self, wait_s: float) -> dict[str, dict[str, Any]]:
+        ensure_ledger_topic(self.client, self.topic)
+        latest = scan(self.client, self.topic, wait_until_stable(self.client, self.topic, wait_s))
+        found: dict[str, dict[str, Any]] = {}
+        for kind in KINDS:
+            record = latest.get(control_key(self.pipeline, kind))
+            if record is not None:
+                found[kind] = decode(record[1])[1]
+        return found
+
+    def previous_driver(self) -> DriverInfo | None:
+        record = self._read(wait_s=30).get("driver")
+        return DriverInfo(**record) if record else None
+
+    def decision(self) -> Decision | None:
+        record = self._read(wait_s=30).get("decision")
+        return Decision(**record) if record else None
+
+    # -- writing -------------------------------------------------------------------------------
+    def take_over(self, driver: DriverInfo) -> ControlState:
+        ensure_ledger_topic(self.client, self.topic)
+        self._new_producer()  # fences every earlier driver; aborts what it had open
+        records = self._read(wait_s=self.timeout_s)
+        state = ControlState(
+            previous=DriverInfo(**records["driver"]) if "driver" in records else None,
+            decision=Decision(**records["decision"]) if "decision" in records else None,
+            pools={k: int(v) for k, v in records.get("pools", {}).get("sizes", {}).items()},
+        )
+        self._write("driver", driver)
+        return state
+
+    def record_decision(self, decision: Decision) -> None:
+        self._write("decision", decision)
+
+    def record_pools(self, pools: dict[str, int]) -> None:
+        self._write("pools", {"sizes": pools})
+
+    def reset(self) -> None:
+        admin = admin_client(self.client)
+        if self.topic in admin.list_topics(timeout=10).topics:
+            for future in admin.delete_topics([self.topic], operation_timeout=30).values():
+                future.result()
+
+    def close(self) -> None:
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                self._producer.close(5)
+            self._producer = None
+
+    def _new_producer(self) -> None:
+        self.close()
+        instance = producer({**self.client, "transactional.id": self.txid, "linger.ms": 0})
+        try:
+            instance.init_transactions(self.timeout_s)
+        except Exception as exc:
+            raise EnvironmentProblem(
+                f"cannot take over pipeline {self.pipeline} on {self.client.get('bootstrap.servers')}: "
+                f"init_transactions({self.txid}) failed: {kafka_error(exc) or exc}"
+            ) from exc
+        self._producer = instance
+
+    def _write(self, kind: str, value: Any) -> None:
+        """One record in its own transaction: durable (acks=all) and fenced by the driver id."""
+        if self._producer is None:
+            raise DriverFenced(f"pipeline {self.pipeline}: this driver has not taken the pipeline over")
+        instance = self._producer
+        started = time.monotonic()
+        try:
+            instance.begin_transaction()
+            instance.produce(self.topic, encode(kind, value), control_key(self.pipeline, kind), partition=0)
+            instance.commit_transaction(self.timeout_s)
+        except Exception as exc:
+            error = kafka_error(exc)
+            if is_fenced(exc):
+                self._producer = None
+                raise DriverFenced(
+                    f"another eos driver took over pipeline {self.pipeline} (its driver id {self.txid} was fenced): "
+                    "this driver stops without committing; the other one carries on",
+                    hint="if that was not intended, stop the other driver; `eos status` shows the driver that runs",
+                ) from None
+            if is_indefinite(exc):
+                # The transaction's outcome is unknown, and a delayed request of it must not land in
+                # a later one: never reuse this producer (a new init_transactions bumps the epoch).
+                self._new_producer()
+            else:
+                with contextlib.suppress(Exception):
+                    instance.abort_transaction(10)
+            raise Retriable(
+                f"recording the {kind} of pipeline {self.pipeline} failed after {time.monotonic() - started:.1f} s: "
+                f"{error or exc}"
+            ) from None

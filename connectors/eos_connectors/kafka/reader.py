@@ -1,0 +1,368 @@
+"""The re-settable Kafka source as a PySpark Python streaming data source ("eos-kafka").
+
+Driver side (in a Python process the Spark driver starts, so everything travels in the
+`eos.source` option):
+- `latestOffset` plans the epoch's end offset of every partition: at most
+  `max_records_per_epoch` offsets, shared fairly by the partitions (water-filling: one hot
+  partition cannot starve the others, nor be held back by them once they are drained), never
+  beyond the last stable offset for read_committed. Spark logs the plan before any record is
+  read: that log is the barrier, and a replay reads exactly the logged ranges.
+- Every plan re-checks each topic's id: a topic deleted and recreated under the same name stops
+  the pipeline (even when the new topic has more records than the old one).
+- `partitions` cuts each partition's range into chunks of `max_records_per_task` offsets and
+  packs the chunks into `parallelism` read tasks (largest first onto the least loaded task), a
+  deterministic function of the logged ranges: these tasks are the epoch's sink slots when the
+  pipeline is stateless, so a replay gives every slot the same records.
+Executor side:
+- `read` reads its ranges with a cached read_committed consumer (ranges end at their planned end
+  offset, never at "N records read": markers and aborted records leave offset gaps), decodes
+  Avro keys and values right there with fastavro (no extra trip of the rows to a decoding UDF),
+  and applies the poison policy: a record that cannot be decoded stops the epoch under `fail`,
+  or carries its error and raw bytes under `skip` and `dlq`.
+- After each epoch the end offsets are committed to a consumer group, for lag monitors only.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import pickle
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+from eos.api import Failpoints, PoisonRecord, SourceFailed, crossing, parse_failpoints
+from eos_connectors.kafka import offsets as planning
+from eos_connectors.kafka.clients import (
+    BrokerUnreachable,
+    UnknownTopic,
+    admin_client,
+    consumer,
+    describe_topics,
+    end_offsets,
+    start_offsets,
+)
+from eos_connectors.kafka.range_reader import FETCH_TUNING, RangeReadError, read_range
+
+log = logging.getLogger("eos.kafka.source")
+
+FORMAT_NAME = "eos-kafka"
+ARROW_BATCH_ROWS = 20_000
+METADATA = "topic string, partition int, offset long, timestamp timestamp, headers array<struct<key: string, value: binary>>"
+POISON = "_eos_error string, _eos_raw_key binary, _eos_raw_value binary"
+
+
+@dataclass(frozen=True)
+class ReaderOptions:
+    name: str
+    client: dict[str, Any]  # librdkafka settings: bootstrap.servers, SASL/SSL, passthrough
+    topics: list[str]
+    starting: dict[str, dict[str, int]]  # resolved starting offsets, encoded
+    topic_ids: dict[str, str]  # pinned: a different id behind a name is a recreated topic
+    parallelism: int
+    on_error: str
+    key_codec: Any = None  # AvroCodec: decoded in the read task
+    value_codec: Any = None
+    max_records_per_epoch: int | None = None
+    max_records_per_task: int = 200_000
+    read_committed: bool = True
+    on_out_of_range: str = "fail"
+    group_id: str | None = None  # consumer group for lag monitoring
+    broker_wait_s: float = 120.0  # how long planning retries an unreachable broker before failing
+    failpoints: list[str] = field(default_factory=list)  # armed `source.read` specs (tests)
+    failpoint_state: str = ""
+    driver_pgid: int = 0
+
+    def encode(self) -> str:
+        return base64.b64encode(pickle.dumps(self)).decode()
+
+    @staticmethod
+    def decode(text: str) -> ReaderOptions:
+        return pickle.loads(base64.b64decode(text))
+
+    def schema(self) -> str:
+        key = self.key_codec.ddl if self.key_codec is not None else "binary"
+        value = self.value_codec.ddl if self.value_codec is not None else "binary"
+        return f"key {key}, value {value}, {METADATA}, {POISON}"
+
+
+class KafkaRanges(InputPartition):
+    """One read task: several planned ranges (topic, partition, start, end)."""
+
+    def __init__(self, ranges: list[tuple[str, int, int, int]]):
+        super().__init__(ranges)
+        self.ranges = ranges
+
+
+# ---------------------------------------------------------------------------------------------
+# Executor side
+# ---------------------------------------------------------------------------------------------
+
+_consumers: dict[str, Any] = {}
+
+
+def _cached_consumer(options: ReaderOptions) -> Any:
+    """One consumer per Python worker and configuration, reused across tasks."""
+    import json
+
+    key = json.dumps([options.client, options.read_committed], sort_keys=True)
+    if key not in _consumers:
+        _consumers[key] = consumer(
+            options.client,
+            **{
+                "isolation.level": "read_committed" if options.read_committed else "read_uncommitted",
+                "enable.partition.eof": True,
+                "auto.offset.reset": "error",
+                **FETCH_TUNING,
+            },
+        )
+    return _consumers[key]
+
+
+def _headers_type() -> Any:
+    import pyarrow as pa
+
+    return pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
+
+
+def to_arrow(options: ReaderOptions, messages: list[Any], topic: str, partition: int) -> Any:
+    """Kafka messages -> one Arrow batch of the source's schema, decoded, poison marked."""
+    import pyarrow as pa
+
+    n = len(messages)
+    keys, values, offsets, stamps, headers = [], [], [], [], []
+    for m in messages:
+        keys.append(m.key())
+        values.append(m.value())
+        offsets.append(m.offset())
+        stamps.append(m.timestamp()[1] * 1000)
+        h = m.headers()
+        headers.append([{"key": k, "value": v} for k, v in h] if h else [])
+    key_array = pa.array(keys, pa.binary())
+    value_array = pa.array(values, pa.binary())
+    errors: list[str | None] = [None] * n
+    decoded_key, decoded_value = key_array, value_array
+    for which, codec, raw in (("key", options.key_codec, key_array), ("value", options.value_codec, value_array)):
+        if codec is None:
+            continue
+        from eos_connectors.formats.avro import decode_batch
+
+        result = decode_batch(codec, raw)
+        problems = result.field("error")
+        if problems.null_count < n:
+            for i, problem in enumerate(problems.to_pylist()):
+                if problem is not None and errors[i] is None:
+                    errors[i] = problem
+        if which == "key":
+            decoded_key = result.field("value")
+        else:
+            decoded_value = result.field("value")
+    raw_key = raw_value = pa.nulls(n, pa.binary())
+    if any(e is not None for e in errors):
+        bad = [i for i, e in enumerate(errors) if e is not None]
+        if options.on_error == "fail":
+            i = bad[0]
+            raise PoisonRecord(
+                f"source {options.name}: cannot decode the record at {topic}/{partition} offset {offsets[i]}: "
+                f"{errors[i]} (on_error: fail; use on_error: skip or dlq to route such records instead)"
+            )
+        mask = pa.array([e is not None for e in errors])
+        raw_key = pa.array([k if e is not None else None for k, e in zip(keys, errors, strict=True)], pa.binary())
+        raw_value = pa.array([v if e is not None else None for v, e in zip(values, errors, strict=True)], pa.binary())
+        decoded_key = _null_where(decoded_key, mask)
+        decoded_value = _null_where(decoded_value, mask)
+    return pa.RecordBatch.from_arrays(
+        [
+            decoded_key,
+            decoded_value,
+            pa.array([topic] * n, pa.string()),
+            pa.array([partition] * n, pa.int32()),
+            pa.array(offsets, pa.int64()),
+            pa.array(stamps, pa.timestamp("us", tz="UTC")),
+            pa.array(headers, _headers_type()),
+            pa.array(errors, pa.string()),
+            raw_key,
+            raw_value,
+        ],
+        names=["key", "value", "topic", "partition", "offset", "timestamp", "headers", *POISON_NAMES],
+    )
+
+
+POISON_NAMES = ("_eos_error", "_eos_raw_key", "_eos_raw_value")
+
+
+def _null_where(array: Any, mask: Any) -> Any:
+    import pyarrow.compute as pc
+
+    return pc.if_else(mask, None, array)
+
+
+def read_ranges(options: ReaderOptions, ranges: list[tuple[str, int, int, int]]) -> Iterator[Any]:
+    if options.failpoints:
+        Failpoints(parse_failpoints(options.failpoints), options.failpoint_state, options.driver_pgid).hit(
+            "source.read", slot=ranges[0][1] if ranges else None
+        )
+    reader = _cached_consumer(options)
+    for topic, partition, start, end in ranges:
+        yield from _read_one(options, reader, topic, partition, start, end)
+
+
+def _read_one(options: ReaderOptions, reader: Any, topic: str, partition: int, start: int, end: int) -> Iterator[Any]:
+    try:
+        pending: list[Any] = []
+        for batch in read_range(reader, topic, partition, start, end):
+            pending.extend(batch)
+            if len(pending) >= ARROW_BATCH_ROWS:
+                yield to_arrow(options, pending, topic, partition)
+                pending = []
+        if pending:
+            yield to_arrow(options, pending, topic, partition)
+    except RangeReadError as exc:
+        if "out of range" in str(exc) and options.on_out_of_range == "earliest":
+            first = start_offsets(admin_client(options.client), {topic: [partition]})[(topic, partition)]
+            if first > start:
+                log.error(
+                    "source %s: offsets [%d, %d) of %s/%d were deleted before they were read; "
+                    "on_out_of_range=earliest continues from %d (records LOST)",
+                    options.name, start, first, topic, partition, first,
+                )  # fmt: skip
+                yield from _read_one(options, reader, topic, partition, first, end)
+                return
+        raise SourceFailed(f"source {options.name}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver side: planning
+# ---------------------------------------------------------------------------------------------
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: ReaderOptions):
+        self.options = options
+        self._admin: Any = None
+        self._group_consumer: Any = None
+        self._available_now_target: planning.Offsets | None = None
+
+    @property
+    def admin(self) -> Any:
+        if self._admin is None:
+            self._admin = admin_client(self.options.client)
+        return self._admin
+
+    def initialOffset(self) -> dict:
+        return self.options.starting
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.options.max_records_per_epoch
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def _latest(self) -> planning.Offsets:
+        """Partitions and their latest offsets. A broker that restarts is waited for (bounded by
+        broker_wait_s); a topic that no longer exists, or was recreated, stops the pipeline."""
+        from confluent_kafka import KafkaException
+
+        name = self.options.name
+        deadline = time.monotonic() + self.options.broker_wait_s
+        while True:
+            try:
+                topics = describe_topics(self.admin, self.options.topics)
+                break
+            except UnknownTopic as exc:
+                raise SourceFailed(
+                    f"source {name}: topic {exc.topic!r} does not exist (deleted, or never created); the pipeline "
+                    "stops rather than silently skip or re-read it"
+                ) from None
+            except (BrokerUnreachable, KafkaException) as exc:
+                if time.monotonic() > deadline:
+                    raise SourceFailed(
+                        f"source {name}: cannot reach Kafka at {self.options.client.get('bootstrap.servers')} for "
+                        f"{self.options.broker_wait_s:.0f} s: {exc}"
+                    ) from None
+                log.warning("source %s: Kafka unreachable (%s); retrying", name, exc)
+                time.sleep(1.0)
+        for topic, info in topics.items():
+            pinned = self.options.topic_ids.get(topic)
+            if pinned and info.topic_id != pinned:
+                raise SourceFailed(
+                    f"source {name}: topic {topic!r} was deleted and recreated while the pipeline ran (topic id "
+                    f"{pinned} when the checkpoint was created, {info.topic_id} now); its offsets mean other records "
+                    "now, so the pipeline stops instead of skipping or re-reading any",
+                    hint="to read the new topic from its start, `eos reset PIPELINE --yes` (output is written again)",
+                )
+        partitions = {topic: info.partitions for topic, info in topics.items()}
+        return end_offsets(self.admin, partitions, read_committed=self.options.read_committed)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now_target = self._latest()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        with crossing():
+            return self._plan(start, limit)
+
+    def _plan(self, start: dict, limit: ReadLimit) -> dict:
+        begin = planning.decode(start)
+        latest = self._available_now_target if self._available_now_target is not None else self._latest()
+        if self._available_now_target is None:
+            vanished = {tp for tp in begin if tp not in latest}
+            if vanished:
+                raise SourceFailed(
+                    f"source {self.options.name}: partitions {sorted(vanished)} disappeared (topic deleted and "
+                    "recreated?); refusing to continue"
+                )
+        max_records = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        ends = planning.plan_ends(begin, latest, max_records)
+        for tp, end in ends.items():  # never plan backwards (a recreated topic ends sooner)
+            if end < begin.get(tp, 0):
+                raise SourceFailed(
+                    f"source {self.options.name}: {tp[0]}/{tp[1]} ends at offset {end}, before offset {begin[tp]} "
+                    "already read (topic recreated?); refusing to continue"
+                )
+        return planning.encode(ends)
+
+    def partitions(self, start: dict, end: dict) -> list[KafkaRanges]:
+        ranges = planning.split_ranges(planning.decode(start), planning.decode(end), self.options.max_records_per_task)
+        packed = planning.pack(ranges, self.options.parallelism)
+        return [KafkaRanges([(r.topic, r.partition, r.start, r.end) for r in task]) for task in packed]
+
+    def read(self, partition: KafkaRanges) -> Iterator[Any]:
+        with crossing():
+            yield from read_ranges(self.options, partition.ranges)
+
+    def commit(self, end: dict) -> None:
+        """Spark marked the epoch ending at `end` committed: publish progress for lag monitoring."""
+        if self.options.group_id:
+            publish_offsets(self, self.options.group_id, planning.decode(end))
+
+    def stop(self) -> None:
+        if self._group_consumer is not None:
+            self._group_consumer.close()
+            self._group_consumer = None
+
+
+def publish_offsets(reader: KafkaStreamReader, group: str, ends: planning.Offsets) -> None:
+    from confluent_kafka import TopicPartition
+
+    try:
+        if reader._group_consumer is None:
+            reader._group_consumer = consumer(reader.options.client, **{"group.id": group})
+        offsets = [TopicPartition(t, p, o) for (t, p), o in ends.items()]
+        if offsets:
+            reader._group_consumer.commit(offsets=offsets, asynchronous=False)
+    except Exception as exc:  # monitoring only: never fail the pipeline for it
+        log.warning("source %s: could not commit offsets to group %s: %s", reader.options.name, group, exc)
+
+
+class KafkaDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        return ReaderOptions.decode(self.options["eos.source"]).schema()
+
+    def streamReader(self, schema: Any) -> KafkaStreamReader:
+        return KafkaStreamReader(ReaderOptions.decode(self.options["eos.source"]))
