@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from eos_connectors.formats import decode_source, encode_sink, source_view, split_poison
 
 from bench.pipelines import PLAN_KEYS, run_spans
 from bench.procs import CpuMeter
 from eos.config import pipeline_from_yaml
 from eos.pipeline import load_function
 from eos.yamlsource import parse_yaml
+from eos_connectors.formats import decode_source, encode_sink, source_view, split_poison
 
 
 @dataclass

@@ -92,11 +92,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, sections: tuple[str, ...], json_path: Path) -> dict[str, Any]:
-    from eos_ops.localkafka import LocalBroker, fetch_jars, free_port
-
     from bench.connector import connector_jars
     from bench.context import FULL, QUICK, Bench, remove, work_dir
     from eos.sparksession import build_spark
+    from eos_ops.localkafka import LocalBroker, fetch_jars, free_port
 
     plan = QUICK if args.quick else FULL
     estimates = {k: v for k, v in plan.estimates().items() if k == "setup" or k in sections}

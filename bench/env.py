@@ -46,6 +46,7 @@ def py_spy() -> str:
 def machine() -> dict[str, object]:
     import confluent_kafka
     import pyspark
+
     from eos_ops.localkafka import kafka_version
 
     cpu = "unknown"

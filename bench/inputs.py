@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from eos.errors import EnvironmentProblem
+from eos.paths import schemas_dir
 from eos_connectors.kafka.clients import (
     admin_client,
     consumer,
@@ -26,9 +28,6 @@ from eos_connectors.kafka.clients import (
 )
 from eos_connectors.kafka.range_reader import read_range
 from eos_ops.demo import EVENT_SCHEMA, avro_schema, generate_events
-
-from eos.errors import EnvironmentProblem
-from eos.paths import schemas_dir
 
 
 @dataclass(frozen=True)

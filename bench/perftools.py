@@ -15,9 +15,8 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from eos_ops.localkafka import find_java, java_classpath
-
 from eos.errors import EnvironmentProblem
+from eos_ops.localkafka import find_java, java_classpath
 
 
 @dataclass

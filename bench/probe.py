@@ -62,8 +62,9 @@ def produce(args: argparse.Namespace, expected: dict[str, int], stop: threading.
 
 def probe(args: argparse.Namespace, expected: dict[str, int], seen: dict[str, int], stop: threading.Event) -> None:
     from confluent_kafka import TopicPartition
-    from eos_connectors.kafka.clients import consumer
     from fastavro import schemaless_reader
+
+    from eos_connectors.kafka.clients import consumer
 
     schema = _parse(VIEW_SCHEMA_FILE)
     reader = consumer(

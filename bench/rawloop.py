@@ -24,13 +24,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.procs import CpuMeter
+from eos.paths import schemas_dir
 from eos_connectors.kafka.clients import admin_client, consumer, describe_partitions, end_offsets, producer
 from eos_connectors.kafka.range_reader import FETCH_TUNING
 from eos_connectors.kafka.sink import PRODUCER_BATCHING, produce_pairs
 from eos_ops.demo import EVENT_SCHEMA, OUTPUT_SCHEMA
-
-from bench.procs import CpuMeter
-from eos.paths import schemas_dir
 
 MINUTE_MS = 60_000
 WATERMARK_DELAY_MS = 60_000

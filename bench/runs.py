@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from eos_connectors.kafka.clients import admin_client, create_topic
-
 from bench.builtin import run_builtin
 from bench.context import Bench
 from bench.inputs import Input, count_records, delete_topics
 from bench.pipelines import config_for, run_eos, unique
 from bench.rawloop import run_loop
+from eos_connectors.kafka.clients import admin_client, create_topic
 
 EO, ALO, BUILTIN, RAW, RAW_TXN = (
     "eos exactly-once",

@@ -15,8 +15,8 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
-from eos_connectors.kafka.clients import admin_client, create_topic
 
+from eos_connectors.kafka.clients import admin_client, create_topic
 from tests.support import KafkaUnderTest, start_kafka_under_test
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from eos_connectors.kafka.clients import producer
-from eos_ops.verify import read_topic
 
 from eos.config import load_pipeline
 from eos.runner import RunOptions, RunResult, run_config
+from eos_connectors.kafka.clients import producer
+from eos_ops.verify import read_topic
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -29,10 +29,10 @@ def _noop(self: Any, name: str, epoch: int | None = None, slot: int | None = Non
 
 def _batches(bench: Bench, records: int) -> list[Any]:
     import pyarrow as pa
-    from eos_connectors.kafka.source import HEADERS_TYPE
-    from eos_ops.demo import EVENT_SCHEMA, avro_schema
 
     from bench.inputs import encode_event, live_event
+    from eos_connectors.kafka.source import HEADERS_TYPE
+    from eos_ops.demo import EVENT_SCHEMA, avro_schema
 
     schema, rng = avro_schema(EVENT_SCHEMA), random.Random(3)
     events = [live_event(i, 3, 1_767_225_600_000 + i, rng) for i in range(records)]
@@ -56,12 +56,11 @@ def _batches(bench: Bench, records: int) -> list[Any]:
 
 
 def run(bench: Bench) -> dict[str, Any]:
+    from eos.failpoints import DISARMED, Failpoints
+    from eos.protocol.coordinator import Coordinator
     from eos_connectors.kafka.clients import admin_client, create_topic
     from eos_connectors.kafka.ledger import ensure_ledger_topic
     from eos_connectors.kafka.sink import EpochPlan, SinkTarget, write_slot
-
-    from eos.failpoints import DISARMED, Failpoints
-    from eos.protocol.coordinator import Coordinator
 
     plan = bench.plan
     client = {"bootstrap.servers": bench.bootstrap}

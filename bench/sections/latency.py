@@ -14,8 +14,6 @@ import subprocess
 import sys
 from typing import Any
 
-from eos_connectors.kafka.clients import admin_client, create_topic
-
 from bench.builtin import run_builtin
 from bench.context import Bench
 from bench.env import REPO
@@ -23,6 +21,7 @@ from bench.inputs import delete_topics
 from bench.pipelines import run_eos, stateless_config, unique
 from bench.runs import ALO, BUILTIN, EO, measure
 from eos.config import parse_duration
+from eos_connectors.kafka.clients import admin_client, create_topic
 
 
 def one_run(bench: Bench, trigger: str, mode: str) -> dict[str, Any]:

@@ -17,7 +17,6 @@ import time
 from typing import Any
 
 import yaml
-from eos_connectors.kafka.clients import admin_client, create_topic
 
 from bench.context import Bench
 from bench.env import REPO
@@ -25,6 +24,7 @@ from bench.inputs import delete_topics
 from bench.pipelines import stateful_config, unique
 from bench.procs import memory_by_class
 from bench.subproc import EosProcess
+from eos_connectors.kafka.clients import admin_client, create_topic
 
 SAMPLE_EVERY_S = 2.0
 

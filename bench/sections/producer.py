@@ -13,10 +13,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from eos_connectors.kafka.clients import producer
-
 from bench.context import Bench
 from bench.stats import percentile, summarize
+from eos_connectors.kafka.clients import producer
 
 VARIANTS = ("as eos does it", "metadata request first")
 

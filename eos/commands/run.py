@@ -35,13 +35,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     import json
 
-    from eos_connectors.formats import check_formats
-
-    from eos.config import load_pipeline, redacted
+    from eos.config import load_pipeline
+    from eos.model import redacted
+    from eos.pipeline import connectors, pipeline_info
     from eos.runner import describe_plan
 
     config = load_pipeline(args.pipeline)
-    check_formats(config, Path(args.pipeline).resolve().parent)  # schema files exist and parse
+    base_dir = Path(args.pipeline).resolve().parent
+    found = connectors(config, pipeline_info(config, "(not created yet)", base_dir))
+    for connector in [*found.sources, *found.sinks]:
+        connector.validate()  # schema files exist and parse
     if args.json:
         print(json.dumps(redacted(config), indent=2, sort_keys=True))
     else:

@@ -21,7 +21,6 @@ alert rules against `series_names()` of this module's registry.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from eos import __version__
-from eos.errors import EnvironmentProblem, EosError
+from eos.errors import EnvironmentProblem
 from eos.observe.tracker import PHASES, EpochTracker
 from eos.protocol.report import AttemptVotes, EpochListener, EpochReport, RecoveryReport
 

@@ -37,7 +37,16 @@ from eos.protocol.coordinator import Coordinator
 from eos.protocol.decision import ControlLog, Decision
 from eos.protocol.ledger import Ledger, committed_slots
 from eos.protocol.plan import EpochPlan, SinkPlan
-from eos.protocol.report import AttemptVotes, EpochListener, EpochReport, RecoveryReport, SlotReport
+from eos.protocol.report import (
+    COMMIT,
+    DECIDE,
+    WRITE,
+    AttemptVotes,
+    EpochListener,
+    EpochReport,
+    RecoveryReport,
+    SlotReport,
+)
 from eos.protocol.sink import PipelineInfo, Prepared, Recovery, SinkConnector
 from eos.protocol.slot import REPORT_SCHEMA, slot_task
 
@@ -220,15 +229,18 @@ class EpochCommitter:
         if self.coordinator is not None:
             self.coordinator.open_attempt(plan.epoch, plan.attempt, self.timeout_s)
         started = time.perf_counter()
+        self._emit("on_phase", plan.epoch, plan.attempt, WRITE)
         reports = self._run_job(df, plan)
         job_s = time.perf_counter() - started
         prepared = [p for r in reports for p in r.prepared()]
         decide_s = commit_s = 0.0
         if self.pipeline.exactly_once and prepared:
             decided = time.perf_counter()
+            self._emit("on_phase", plan.epoch, plan.attempt, DECIDE)
             self._decide(plan, prepared)
             decide_s = time.perf_counter() - decided
             committing = time.perf_counter()
+            self._emit("on_phase", plan.epoch, plan.attempt, COMMIT)
             self._commit(plan, prepared)
             commit_s = time.perf_counter() - committing
         if self.coordinator is not None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from eos.protocol.ledger import Ledger
 from eos.protocol.sink import Prepared
@@ -90,11 +89,19 @@ class RecoveryReport:
     reason: str
 
 
+# Phases of an epoch attempt, in order (EpochListener.on_phase).
+WRITE = "write"  # the Spark job: read, transform, write and pre-commit every slot
+DECIDE = "decide"  # recording the commit decision
+COMMIT = "commit"  # slots committing
+PHASES = (WRITE, DECIDE, COMMIT)
+
+
 class EpochListener:
     """Progress output and metrics implement this; every method is optional."""
 
     def on_recovery(self, report: RecoveryReport) -> None: ...
     def on_epoch_start(self, epoch: int, attempt: int) -> None: ...
+    def on_phase(self, epoch: int, attempt: int, phase: str) -> None: ...
     def on_epoch_committed(self, report: EpochReport) -> None: ...
     def on_epoch_aborted(self, epoch: int, attempt: int, reason: str, retrying: bool) -> None: ...
     def on_attempt_failed(self, votes: AttemptVotes) -> None: ...

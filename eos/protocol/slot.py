@@ -19,6 +19,7 @@ says it did not commit).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -135,7 +136,7 @@ def write_slot(plan: EpochPlan, slot: int, task_attempt: int, batches: Iterator[
         report.write_s = time.perf_counter() - started
 
         precommit_started = time.perf_counter()
-        for index, (ctx, writer) in open_writers.items():
+        for index, (_ctx, writer) in open_writers.items():
             sink = plan.sinks[index]
             entry = LedgerEntry(
                 pipeline=plan.pipeline.name, sink=sink.name, slot=slot, epoch=plan.epoch,
@@ -195,7 +196,5 @@ def _await_and_commit(ctx: TaskContext, vote: VoteClient, writer: SlotWriter, pr
 
 
 def _abort_quietly(writer: SlotWriter) -> None:
-    try:
+    with contextlib.suppress(Exception):  # best effort: recovery fences whatever is left
         writer.abort()
-    except Exception:  # best effort: recovery fences whatever is left
-        pass

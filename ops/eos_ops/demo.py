@@ -23,10 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from eos_connectors.kafka.clients import admin_client, create_topic, producer
-
 from eos.errors import EnvironmentProblem
 from eos.paths import eos_home, examples_dir, schemas_dir
+from eos_connectors.kafka.clients import admin_client, create_topic, producer
 
 INPUT_TOPIC = "ad-events"
 OUTPUT_TOPIC = "campaign-counts"

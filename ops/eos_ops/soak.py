@@ -34,10 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eos_connectors.kafka.clients import admin_client, create_topic, producer
-
 from eos.failpoints import POINTS
 from eos.protocol.checkpoint import Checkpoint
+from eos_connectors.kafka.clients import admin_client, create_topic, producer
 from eos_ops.verify import Aggregate, Decoder, Match, VerifySpec, verify
 
 PROTOCOL_POINTS = [p for p in POINTS if p != "source.read"]

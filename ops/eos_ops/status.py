@@ -32,12 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eos.config import PipelineConfig
+from eos.protocol.checkpoint import Checkpoint, CheckpointMeta
 from eos_connectors.kafka.clients import UnknownTopic, admin_client, describe_partitions, end_offsets
 from eos_connectors.kafka.lag import committed_from_checkpoint, compute_lag, source_end_offsets
 from eos_connectors.kafka.ledger import LedgerEntry, fence, read_ledger, scan_ledger
-
-from eos.config import PipelineConfig
-from eos.protocol.checkpoint import Checkpoint, CheckpointMeta
 
 OPEN_STATES = {"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"}
 TOOLS_CLASS = "org.apache.kafka.tools.TransactionsCommand"

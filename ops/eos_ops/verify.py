@@ -27,11 +27,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from eos_connectors.kafka.clients import admin_client, consumer, describe_partitions, end_offsets
-from eos_connectors.kafka.range_reader import read_range
-
 from eos.config import parse_duration
 from eos.errors import ConfigError
+from eos_connectors.kafka.clients import admin_client, consumer, describe_partitions, end_offsets
+from eos_connectors.kafka.range_reader import read_range
 
 
 @dataclass(frozen=True)
@@ -98,6 +97,7 @@ class Decoder:
         cached = _schemas.get(self.schema or "")
         if cached is None:
             import fastavro
+
             from eos_connectors.formats.avro_schema import resolve_schema_path
 
             if not self.schema:

@@ -26,12 +26,9 @@ it must never lose: every delivery error fails the task (and Spark retries it).
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eos.api import (
@@ -59,6 +56,7 @@ from eos_connectors.kafka.clients import (
     cluster_id,
     create_topic,
     describe_topics,
+    is_fenced,
     is_indefinite,
     is_retriable,
     kafka_error,
@@ -358,11 +356,14 @@ class KafkaWriter(SlotWriter):
         except Exception as exc:
             self._break_if_indefinite(exc)
             raise SlotAborted(
-                f"sink {self.factory.sink} slot {self.ctx.slot}: {what or 'producer call'} failed: {kafka_error(exc) or exc}"
+                f"sink {self.factory.sink} slot {self.ctx.slot}: {what or 'producer call'} failed: "
+                f"{kafka_error(exc) or exc}"
             ) from None
 
     def _break_if_indefinite(self, exc: BaseException | None, indefinite: bool = False) -> None:
-        if indefinite or (exc is not None and (is_indefinite(exc) or kafka_error(exc) is not None and kafka_error(exc).fatal())):
+        """Mark the producer never to be used again after an error whose outcome is unknown (or
+        that left it unusable); `_release` then closes it."""
+        if indefinite or (exc is not None and (is_indefinite(exc) or is_fenced(exc))):
             self.entry.broken = True
 
     # -- SlotWriter ----------------------------------------------------------------------------

@@ -8,13 +8,12 @@ from pathlib import Path
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
-    from eos_connectors.kafka.clients import admin_client
-
     from eos.config import load_pipeline
     from eos.errors import ConfigError
     from eos.pipeline import client_config, sink_targets
     from eos.protocol.checkpoint import Checkpoint
     from eos.protocol.committer import fence_targets
+    from eos_connectors.kafka.clients import admin_client
 
     config = load_pipeline(args.pipeline)
     checkpoint = Checkpoint(config.checkpoint_path(Path(args.pipeline).resolve().parent))

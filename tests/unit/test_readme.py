@@ -5,10 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from eos_connectors.formats import check_formats
-
 from eos.cli import build_parser
 from eos.config import parse_pipeline
+from eos_connectors.formats import check_formats
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from eos_connectors.kafka.offsets import decode, encode, fair_share, plan_ends, split_ranges
 
 

@@ -8,12 +8,12 @@ import json
 import os
 
 import pytest
-from eos_connectors.kafka.clients import admin_client, describe_partitions, end_offsets, producer
-from eos_connectors.kafka.ledger import read_ledger
-from eos_ops.status import gather, render, tools_classpath
 
 from eos.config import load_pipeline
 from eos.protocol.checkpoint import Checkpoint
+from eos_connectors.kafka.clients import admin_client, describe_partitions, end_offsets, producer
+from eos_connectors.kafka.ledger import read_ledger
+from eos_ops.status import gather, render, tools_classpath
 from tests.pipelines import eos_subprocess, passthrough_pipeline, produce_numbered, run_in_process, write_pipeline
 
 

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from eos_connectors.kafka.clients import admin_client, create_topic
 
 from bench import cli, report
 from bench.context import QUICK, Bench
@@ -20,6 +19,7 @@ from bench.inputs import count_records, expected_stateless_out, make_input
 from bench.rawloop import run_loop
 from bench.sections import failpoints
 from bench.stats import paired_ratios, percentile, ratio_summary, summarize
+from eos_connectors.kafka.clients import admin_client, create_topic
 
 
 def test_statistics_on_measured_timings() -> None:

@@ -17,10 +17,10 @@ from typing import Any
 
 import fastavro
 import pytest
-from eos_connectors.kafka.clients import producer
-from eos_ops.verify import Record, read_topic
 
 from eos.failpoints import POINTS
+from eos_connectors.kafka.clients import producer
+from eos_ops.verify import Record, read_topic
 from tests.pipelines import assert_exactly_once, eos_subprocess, run_in_process, write_pipeline
 
 EVENT = {"type": "record", "name": "Event", "namespace": "eos.test", "fields": [

@@ -4,7 +4,6 @@ shows them. Everything eos promises rests on this, so it is pinned first."""
 from __future__ import annotations
 
 from eos_connectors.kafka.clients import producer
-
 from tests.support import read_all
 
 

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from eos_connectors.kafka.clients import admin_client, end_offsets
 
 from eos.failpoints import POINTS
+from eos_connectors.kafka.clients import admin_client, end_offsets
 from tests.pipelines import (
     ROOT,
     eos_subprocess,

@@ -9,12 +9,12 @@ from collections import Counter
 
 import pytest
 from confluent_kafka import KafkaException
-from eos_connectors.kafka.clients import producer
 
 from eos.config import load_pipeline
 from eos.pipeline import sink_targets
 from eos.protocol.checkpoint import Checkpoint
 from eos.protocol.committer import fence_targets
+from eos_connectors.kafka.clients import producer
 from tests.pipelines import (
     all_values,
     assert_exactly_once,

@@ -10,6 +10,8 @@ import json
 from collections import Counter
 
 import pytest
+
+from eos.config import FormatConfig
 from eos_connectors.formats import avro
 from eos_connectors.formats.registry import (
     HttpRegistry,
@@ -19,8 +21,6 @@ from eos_connectors.formats.registry import (
     wire_header,
 )
 from eos_ops.localkafka import free_port
-
-from eos.config import FormatConfig
 from tests.pipelines import run_in_process, write_pipeline
 from tests.registry_support import RunningRegistry, running_apicurio
 from tests.support import read_all

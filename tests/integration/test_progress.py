@@ -9,12 +9,11 @@ import re
 import threading
 import time
 
-from eos_connectors.kafka.ledger import LedgerEntry
-
 from eos.observe.progress import ProgressPrinter
 from eos.observe.tracker import AGREEMENT, BETWEEN, COMMIT, MARK_COMMITTED, RECOVERING, SINK_JOB, EpochTracker
 from eos.protocol.committer import EpochReport, RecoveryReport
 from eos.protocol.coordinator import Coordinator, VoteClient
+from eos_connectors.kafka.ledger import LedgerEntry
 
 
 def report(epoch: int, out: int = 500, **extra) -> EpochReport:

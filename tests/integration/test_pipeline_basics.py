@@ -32,6 +32,7 @@ def test_consumer_group_shows_no_phantom_lag_after_a_run(spark, bootstrap, new_t
     """Offsets go to the group `eos-<pipeline>.<source>` for lag monitoring; after the run they
     are at the end of the last committed epoch, not one epoch behind."""
     from confluent_kafka import TopicPartition
+
     from eos_connectors.kafka.clients import admin_client, consumer, end_offsets
 
     source, sink = new_topic(partitions=2), new_topic()

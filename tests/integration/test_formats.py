@@ -11,12 +11,12 @@ from pathlib import Path
 
 import fastavro
 import pytest
-from eos_connectors.formats import avro
-from eos_connectors.formats.avro_schema import arrow_types, load_avsc, spark_type
-from eos_connectors.formats.registry import FileRegistry, wire_header
 
 from eos.config import FormatConfig
 from eos.errors import ConfigError
+from eos_connectors.formats import avro
+from eos_connectors.formats.avro_schema import arrow_types, load_avsc, spark_type
+from eos_connectors.formats.registry import FileRegistry, wire_header
 
 EVERYTHING = {
     "type": "record",
@@ -270,9 +270,8 @@ def test_registry_folder_missing_is_not_blamed_on_records(spark, tmp_path):
 
 
 def test_sink_value_must_fit_the_record_schema(spark, tmp_path):
-    from eos_connectors.formats import encode_sink
-
     from eos.config import SinkConfig
+    from eos_connectors.formats import encode_sink
 
     schema = {
         "type": "record",
@@ -321,8 +320,9 @@ def test_schema_file_missing_or_invalid(tmp_path, content, message):
 
 
 def test_json_decoding_marks_malformed_records(spark, tmp_path):
-    from eos_connectors.formats import _decode_column
     from pyspark.sql import functions as F
+
+    from eos_connectors.formats import _decode_column
 
     schema = {"type": "record", "name": "J", "fields": [{"name": "a", "type": "long"}]}
     fmt = FormatConfig(type="json", schema=write_schema(tmp_path, "j.avsc", schema))

@@ -9,8 +9,8 @@ import sys
 import time
 
 from confluent_kafka.admin import NewPartitions
-from eos_connectors.kafka.clients import admin_client
 
+from eos_connectors.kafka.clients import admin_client
 from tests.pipelines import (
     ROOT,
     assert_exactly_once,
