@@ -24,7 +24,7 @@ from eos.failpoints import Failpoints
 from eos.failpoints import parse as parse_failpoints
 from eos.model import NAME, SECRET_KEY, SINK_NAME, VIEW, ClientValue, Duration, Model, parse_duration, redacted
 from eos.paths import eos_home, ops_dir, schemas_dir
-from eos.protocol.decision import ControlLog, ControlState, Decision, DriverInfo, decode, encode
+from eos.protocol.decision import ControlLog, ControlState, Decision, DriverInfo, Pool, decode, encode
 from eos.protocol.ledger import Ledger, LedgerEntry
 from eos.protocol.sink import (
     Lease,
@@ -54,7 +54,7 @@ __all__ = [
     "ERROR", "NAME", "POISON_COLUMNS", "RAW_KEY", "RAW_VALUE", "SECRET_KEY", "SINK_NAME", "VIEW", "CheckpointError",
     "ClientValue", "ConfigError", "Connector", "ControlLog", "ControlState", "Decision", "DependencyUnavailable",
     "DriverFenced", "DriverInfo", "Duration", "EnvironmentProblem", "EosError", "Failpoints", "Lease", "Ledger",
-    "LedgerEntry", "Model", "PartitionLag", "Permanent", "PipelineInfo", "PoisonRecord", "Prepared", "Recovery",
+    "LedgerEntry", "Model", "PartitionLag", "Permanent", "PipelineInfo", "PoisonRecord", "Pool", "Prepared", "Recovery",
     "Retriable", "SinkConnector", "SinkEntry", "SlotAborted", "SlotContext", "SlotWriter", "SourceConnector",
     "SourceEntry", "SourceFailed", "StreamOptions", "WatermarkConfig", "WriterFactory", "crossing", "decode",
     "encode", "eos_home", "ops_dir", "parse_duration", "parse_failpoints", "redacted", "schemas_dir", "to_wire",

@@ -86,11 +86,18 @@ class _Tally(EpochListener):
 # ---------------------------------------------------------------------------------------------
 
 
-def prepare_checkpoint(
-    config: PipelineConfig, checkpoint: Checkpoint, found_for: Any, parallelism: int
-) -> tuple[CheckpointMeta, Connectors, bool]:
-    """Read (or create) the checkpoint's eos metadata and check the config against it. Returns
-    (meta, connectors, created). `found_for(checkpoint_id)` builds the connectors."""
+@dataclass
+class StartState:
+    meta: CheckpointMeta
+    found: Connectors
+    created: bool
+    pending: int | None
+    changes: list[str]  # how the replay config differs from the pending epoch's (empty: it does not)
+
+
+def prepare_checkpoint(config: PipelineConfig, checkpoint: Checkpoint, found_for: Any, parallelism: int) -> StartState:
+    """Read (or create) the checkpoint's eos metadata and check the config against it.
+    `found_for(checkpoint_id)` builds the connectors."""
     meta = checkpoint.read_meta()
     if meta is None:
         found = found_for(Checkpoint.new_id())
@@ -99,7 +106,7 @@ def prepare_checkpoint(
         meta = CheckpointMeta(
             config.name, found.sources[0].pipeline.checkpoint_id, config.epochs.mode, pins, replay, digest(replay)
         )
-        return meta, found, True
+        return StartState(meta, found, True, None, [])
     checkpoint.check_owner(meta, config.name)
     if meta.mode != config.epochs.mode:
         raise CheckpointError(
@@ -120,16 +127,28 @@ def prepare_checkpoint(
     if pending is not None and config.epochs.slots is None:
         parallelism = int(meta.replay.get("parallelism", parallelism))  # the pending epoch's own
     replay = replay_config(config, found, parallelism)
+    changes = []
     if pending is not None and digest(replay) != meta.replay_digest:
+        changes = describe_changes(meta.replay, replay) or ["(the replay config's digest differs)"]
+    meta.replay, meta.replay_digest = replay, digest(replay)
+    return StartState(meta, found, False, pending, changes)
+
+
+def check_changes_while_pending(prepared: StartState, state: ControlState) -> None:
+    """A changed config is refused while the pending epoch may have committed anywhere: a replay
+    under the new config would route or encode its records differently from what is committed
+    (loss plus duplicates). Slots commit only after the epoch's decision is recorded, so without a
+    decision for the pending epoch nothing of it is committed, and the new config is safe (the
+    common case: an epoch that failed on a poison record, replayed with `on_error: dlq`)."""
+    decided = state.decision is not None and state.decision.epoch == prepared.pending
+    if prepared.changes and decided:
         raise CheckpointError(
-            f"epoch {pending} is pending (logged, not committed) and must be replayed with the config it was planned "
-            f"with, but the pipeline changed: {'; '.join(describe_changes(meta.replay, replay)) or 'see the file'}. "
-            "Replaying it under the new config would route or encode its records differently (loss plus duplicates).",
+            f"epoch {prepared.pending} is pending and was already partly committed, and must be replayed with the "
+            f"config it was planned with, but the pipeline changed: {'; '.join(prepared.changes)}. Replaying it "
+            "under the new config would route or encode its records differently (loss plus duplicates).",
             hint="restore the previous pipeline file, run `eos run FILE --finish-pending` (it replays the pending "
             "epoch and stops), then start with the new file",
         )
-    meta.replay, meta.replay_digest = replay, digest(replay)
-    return meta, found, False
 
 
 def describe_changes(before: Any, after: Any, path: str = "") -> list[str]:
@@ -243,7 +262,8 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
         def found_for(checkpoint_id: str) -> Connectors:
             return connectors(config, pipeline_info(config, checkpoint_id, base_dir))
 
-        meta, found, created = prepare_checkpoint(config, checkpoint, found_for, parallelism)
+        prepared = prepare_checkpoint(config, checkpoint, found_for, parallelism)
+        meta, found, created = prepared.meta, prepared.found, prepared.created
         for connector in [*found.sources, *found.sinks]:
             connector.validate()
         for connector in [*found.sources, *found.sinks]:
@@ -255,8 +275,7 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
             driver_pgid=failpoints.driver_pgid,
         )
         built = build(spark, config, found, meta.sources, options_)
-        checkpoint.write_meta(meta)
-        pending = checkpoint.pending_replay()
+        pending = prepared.pending
         if options.finish_pending and pending is None:
             print(f"eos: {config.name}: no epoch is pending; nothing to finish", file=sys.stderr, flush=True)
             return result
@@ -268,7 +287,8 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
             control = found.sources[0].control_log()
             driver = DriverInfo(run_id, socket.gethostname(), os.getpid(), coordinator.address.hostport)
             state = take_over(control, driver, options.take_over)
-            coordinator.on_grow = control.record_pools
+        check_changes_while_pending(prepared, state)
+        checkpoint.write_meta(meta)  # after the checks: a refused config is never recorded
         metrics_port = options.metrics_port if options.metrics_port is not None else config.metrics.port
         telemetry = start_telemetry(config, found, checkpoint, coordinator, metrics_port, lag=options.progress)
         listeners: list[EpochListener] = [_Tally(result), *telemetry.listeners, *options.listeners]
@@ -292,6 +312,8 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
             listeners=listeners,
             run=run_id,
         )
+        if coordinator is not None:
+            coordinator.on_grow = committer.grow
         committer.recover(_reason(pending, created))
         trigger = options.trigger or config.epochs.trigger
         writer = (

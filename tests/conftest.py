@@ -63,6 +63,18 @@ def new_topic(admin, unique_name) -> Callable[..., str]:
 
 
 @pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real PostgreSQL server (max_prepared_transactions > 0), started once per session; its DSN."""
+    from tests.support_postgres import start_postgres_under_test
+
+    dsn, close = start_postgres_under_test(tmp_path_factory.mktemp("postgres"))
+    try:
+        yield dsn
+    finally:
+        close()
+
+
+@pytest.fixture(scope="session")
 def spark():
     from eos.sparksession import build_spark
 

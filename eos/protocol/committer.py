@@ -34,7 +34,7 @@ from eos.failpoints import Failpoints
 from eos.protocol import recovery
 from eos.protocol.checkpoint import Checkpoint
 from eos.protocol.coordinator import Coordinator
-from eos.protocol.decision import ControlLog, Decision
+from eos.protocol.decision import ControlLog, Decision, Pool
 from eos.protocol.ledger import Ledger, committed_slots
 from eos.protocol.plan import EpochPlan, SinkPlan
 from eos.protocol.report import (
@@ -72,7 +72,7 @@ class EpochCommitter:
         config_digest: str,
         control: ControlLog | None,
         coordinator: Coordinator | None,
-        pools: dict[str, int],
+        pools: dict[str, Pool],
         tolerable_failures: int,
         min_pause_s: float = 0.0,
         failpoints: Failpoints | None = None,
@@ -114,9 +114,19 @@ class EpochCommitter:
                 log.exception("listener %s.%s failed", type(listener).__name__, method)
 
     # -- recovery ------------------------------------------------------------------------------
+    def grow(self, sizes: dict[str, int]) -> None:
+        """The vote service hands out ids beyond a pool's recorded size: record it first."""
+        pools = dict(self.pools)
+        for name, size in sizes.items():
+            if name in self.by_name and (name not in pools or pools[name].size != size):
+                pools[name] = self.by_name[name].pool(size)
+        assert self.control is not None
+        self.control.record_pools(pools)
+        self.pools = pools
+
     def recover(self, reason: str) -> RecoveryReport:
-        if self.coordinator is not None:
-            self.pools.update(self.coordinator.pool_sizes())
+        if self.pipeline.exactly_once and self.control is not None:
+            self.decision = self.control.decision()  # the recorded one: what RESUME sinks resume
         if not self.pipeline.exactly_once:
             report = RecoveryReport(0, {}, 0.0, {}, reason)
         else:
@@ -125,7 +135,9 @@ class EpochCommitter:
                 max(60.0, self.timeout_s), reason,
             )  # fmt: skip
         if self.coordinator is not None:
-            self.coordinator.set_pools(self.pools)  # every id is fenced now: none is owned
+            # Every id is fenced now: none is owned. Pools of sinks no longer configured stay
+            # recorded (and fenced at every recovery) but are never handed out.
+            self.coordinator.set_pools({name: pool.size for name, pool in self.pools.items() if name in self.by_name})
         self.ledger = report.ledger
         self._emit("on_recovery", report)
         return report

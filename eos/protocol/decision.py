@@ -53,13 +53,25 @@ class Decision:
         return handle in self.prepared.get(sink, ())
 
 
+@dataclass(frozen=True)
+class Pool:
+    """A sink's pool of transactional identities: ids 0..size-1 have been handed out. Kept for
+    every sink that ever had one, configured or not any more: recovery fences them all (a sink
+    renamed while its transactions were open must not leave them pinning its topics)."""
+
+    size: int
+    kind: str  # the sink's connector kind
+    system: str  # SinkConnector.system(): which cluster (recovery fences there)
+    detail: dict[str, Any] = field(default_factory=dict)  # the connector's (e.g. the id prefix)
+
+
 @dataclass
 class ControlState:
     """What the control log held when this driver took over."""
 
     previous: DriverInfo | None = None
     decision: Decision | None = None
-    pools: dict[str, int] = field(default_factory=dict)  # sink -> ids handed out (0..n-1)
+    pools: dict[str, Pool] = field(default_factory=dict)  # by sink name
 
 
 class ControlLog(ABC):
@@ -82,8 +94,8 @@ class ControlLog(ABC):
         """Durably record a commit decision; raises DriverFenced if a newer driver took over."""
 
     @abstractmethod
-    def record_pools(self, pools: dict[str, int]) -> None:
-        """Durably record pool sizes before ids beyond the old sizes are used (DriverFenced too)."""
+    def record_pools(self, pools: dict[str, Pool]) -> None:
+        """Durably record the pools before ids beyond their old sizes are used (DriverFenced too)."""
 
     @abstractmethod
     def reset(self) -> None:

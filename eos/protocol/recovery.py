@@ -20,14 +20,18 @@ Kafka cluster id, a database): this is the one place that groups them.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 
 from eos.protocol.checkpoint import Checkpoint
-from eos.protocol.decision import Decision
+from eos.protocol.decision import Decision, Pool
 from eos.protocol.ledger import Ledger, check_against_checkpoint
 from eos.protocol.report import RecoveryReport
 from eos.protocol.sink import Recovery, SinkConnector
+
+
+log = logging.getLogger("eos.recovery")
 
 
 def by_system(sinks: list[SinkConnector]) -> dict[tuple[type[SinkConnector], str], list[SinkConnector]]:
@@ -39,7 +43,7 @@ def by_system(sinks: list[SinkConnector]) -> dict[tuple[type[SinkConnector], str
 
 def recover(
     sinks: list[SinkConnector],
-    pools: dict[str, int],
+    pools: dict[str, Pool],
     decision: Decision | None,
     checkpoint: Checkpoint,
     checkpoint_id: str,
@@ -49,9 +53,18 @@ def recover(
     started = time.monotonic()
     groups = by_system(sinks)
     fenced = 0
-    for (kind, _), group in groups.items():
+    for (kind, system), group in groups.items():
         if kind.recovery is Recovery.REPLAY:
-            fenced += kind.fence(group, pools, timeout_s)
+            here = {name: pool for name, pool in pools.items() if pool.kind == kind.kind and pool.system == system}
+            fenced += kind.fence(group, here, timeout_s)
+    reachable = {(kind.kind, system) for kind, system in groups}
+    for name, pool in pools.items():
+        if (pool.kind, pool.system) not in reachable:  # a removed sink on a system no sink uses now
+            log.warning(
+                "sink %s (no longer configured) left %d transactional ids on %s, which no configured sink reaches: "
+                "they cannot be fenced from here (their open transactions end at their timeout)",
+                name, pool.size, pool.system,
+            )  # fmt: skip
     resolved: dict[str, int] = {}
     for (kind, _), group in groups.items():
         if kind.recovery is Recovery.RESUME:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from eos.model import Model
-from eos.protocol.decision import Decision
+from eos.protocol.decision import Decision, Pool
 from eos.protocol.ledger import Ledger, LedgerEntry
 
 if TYPE_CHECKING:
@@ -181,10 +181,15 @@ class SinkConnector(ABC):
         """Identity of the external system (a Kafka cluster id, a database): sinks are grouped by it."""
 
     # -- recovery and commit (driver side); called on all sinks of one kind at once -------------
+    def pool(self, size: int) -> Pool:
+        """The record of this sink's pool of transactional identities (REPLAY sinks)."""
+        return Pool(size, type(self).kind, self.system())
+
     @classmethod
-    def fence(cls, sinks: list[SinkConnector], pools: dict[str, int], timeout_s: float) -> int:
-        """REPLAY: abort what is open, fence every earlier holder of the sinks' ids; returns how
-        many ids were fenced."""
+    def fence(cls, sinks: list[SinkConnector], pools: dict[str, Pool], timeout_s: float) -> int:
+        """REPLAY: abort what is open and fence every earlier holder of every id of `pools` (the
+        pools recorded on these sinks' system, including those of sinks no longer configured);
+        returns how many ids were fenced."""
         return 0
 
     @classmethod

@@ -11,7 +11,7 @@ import pytest
 
 from eos.cli import build_parser
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _all_command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -42,9 +42,9 @@ def test_every_subcommand_has_help(path, capsys):
 
 def test_packages_import_without_spark_or_kafka():
     modules = sorted(
-        ".".join(p.relative_to(ROOT).with_suffix("").parts)
-        for package in ("eos", "connectors")
-        for p in (ROOT / package).rglob("*.py")
+        ".".join(p.relative_to(folder).with_suffix("").parts)
+        for folder, package in ((ROOT, "eos"), (ROOT / "connectors", "eos_connectors"), (ROOT / "ops", "eos_ops"))
+        for p in (folder / package).rglob("*.py")
         if p.name != "__main__.py"
     )
     code = (

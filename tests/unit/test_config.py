@@ -6,6 +6,7 @@ import pytest
 
 from eos.config import parse_duration, parse_pipeline, redacted
 from eos.errors import ConfigError
+from eos_connectors.kafka.ids import default_prefix, pool_id
 
 MINIMAL = """
 name: p1
@@ -40,7 +41,7 @@ def test_minimal_pipeline_has_safe_defaults():
     assert config.sources[0].kafka.isolation == "read_committed"
     assert config.sources[0].on_error == "fail"
     assert config.ledger_topic == "eos-ledger-p1"
-    assert config.transactional_id(config.sinks[0], 3) == "p1-out-3"
+    assert pool_id(default_prefix(config.name), config.sinks[0].name, 3) == "eos/p1/out/3"
     assert config.sink_input(config.sinks[0]) == "events"
 
 

@@ -18,7 +18,7 @@ import yaml
 
 from eos.observe.metrics import PipelineMetrics, PipelineShape, series_names
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "ops/grafana/dashboards").glob("*.json"))
 PROMETHEUS = ROOT / "ops/prometheus"
 # Series Prometheus itself adds to every scrape target (not eos's to export).

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from eos_connectors.kafka.offsets import decode, encode, fair_share, plan_ends, split_ranges
+from eos_connectors.kafka.offsets import decode, encode, fair_share, pack, plan_ends, split_ranges
 
 
 def test_fair_share_gives_each_partition_an_equal_share_and_redistributes_leftovers():
@@ -59,47 +59,22 @@ def test_offsets_round_trip_in_sparks_json_form():
     assert decode(encode(offsets)) == offsets
 
 
-@pytest.mark.parametrize("seed", range(10))
-def test_a_follower_never_gets_ahead_of_its_leader_and_catches_up(seed):
-    """Two branches of one source plan epoch after epoch while data keeps arriving; the follower
-    may start behind (a restart) but never passes the leader, and reaches it once input stops."""
-    from eos_connectors.kafka.offsets import follow
-
+@pytest.mark.parametrize("seed", range(20))
+def test_packing_balances_tasks_and_is_a_function_of_the_ranges(seed):
+    """Ranges packed into read tasks: every range exactly once, at most `tasks` tasks, no task
+    more than the largest range above the average, and the same packing whatever order the ranges
+    come in (a replayed epoch must give every slot the same records)."""
     rng = random.Random(seed)
-    parts = [("t", p) for p in range(rng.randrange(1, 5))]
-    latest = {tp: rng.randrange(0, 500) for tp in parts}
-    leader = {tp: rng.randrange(0, latest[tp] + 1) for tp in parts}
-    follower = {tp: rng.randrange(0, leader[tp] + 1) for tp in parts}
-    budget = rng.randrange(1, 300)
-    for step in range(5000):  # input arrives for 30 steps, then stops
-        if step < 30:
-            latest = {tp: n + rng.randrange(0, 50) for tp, n in latest.items()}
-        elif follower == leader == latest:
-            break
-        leader = plan_ends(leader, latest, budget)
-        nxt = follow(follower, plan_ends(follower, latest, budget), leader)
-        assert all(follower[tp] <= nxt[tp] <= leader[tp] for tp in parts)
-        follower = nxt
-    assert follower == leader == latest
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_both_branches_plan_the_same_epoch_whichever_spark_asks_first(tmp_path, seed):
-    """Spark asks the view and poison branches for their end offsets in an order of its own; the
-    second adopts the first's plan, so both advance together and no extra epoch is needed."""
-    from eos_connectors.kafka.source import PlanBook
-
-    rng = random.Random(seed)
-    start = {"leader": encode({("t", 0): 0}), "follower": encode({("t", 0): 0})}
-    latest = 0
-    for _ in range(40):
-        latest += rng.choice([0, 0, 7, 100])  # some triggers find no new data
-        for role in rng.sample(["leader", "follower"], 2):
-            book = PlanBook(tmp_path, "run")  # opened per call, as latestOffset does
-            end = book.take(start[role], role)
-            if end is None:
-                end = encode({("t", 0): min(latest, decode(start[role])[("t", 0)] + 50)})
-                book.offer(start[role], end, role)
-            start[role] = end  # Spark runs the epoch and the end becomes the next start
-        assert start["leader"] == start["follower"]
-        assert PlanBook(tmp_path, "run").leader_end() == start["leader"]
+    start = {("t", p): rng.randrange(0, 1000) for p in range(rng.randrange(1, 9))}
+    end = {tp: offset + rng.randrange(0, 5000) for tp, offset in start.items()}
+    ranges = split_ranges(start, end, rng.choice([100, 1000, 200_000]))
+    tasks = rng.randrange(1, 6)
+    packed = pack(ranges, tasks)
+    assert len(packed) == min(tasks, len(ranges))
+    assert sorted(r for task in packed for r in task) == sorted(ranges)
+    loads = [sum(r.end - r.start for r in task) for task in packed]
+    if ranges:
+        assert max(loads) - sum(loads) / len(loads) <= max(r.end - r.start for r in ranges)
+    shuffled = ranges[:]
+    rng.shuffle(shuffled)
+    assert pack(shuffled, tasks) == packed

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from eos.cli import build_parser
 from eos.config import parse_pipeline
-from eos_connectors.formats import check_formats
+from eos.pipeline import connectors, pipeline_info
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
 def test_the_readme_pipeline_example_is_valid():
@@ -17,7 +17,9 @@ def test_the_readme_pipeline_example_is_valid():
     assert example, "the README lost its pipeline example"
     config = parse_pipeline(example.group(1), env={"KAFKA_PASSWORD": "secret"})
     assert config.sources[0].on_error == "dlq" and config.epochs.slots == 2
-    check_formats(config)  # its schema file exists and parses
+    found = connectors(config, pipeline_info(config, "readme", None))
+    for connector in [*found.sources, *found.sinks]:
+        connector.validate()  # its schema files exist and parse
 
 
 def test_the_readme_commands_exist():

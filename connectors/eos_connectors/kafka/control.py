@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import asdict
 import time
 from typing import Any
 
@@ -26,6 +27,7 @@ from eos.api import (
     DriverFenced,
     DriverInfo,
     EnvironmentProblem,
+    Pool,
     Retriable,
     decode,
     encode,
@@ -75,7 +77,7 @@ class KafkaControlLog(ControlLog):
         state = ControlState(
             previous=DriverInfo(**records["driver"]) if "driver" in records else None,
             decision=Decision(**records["decision"]) if "decision" in records else None,
-            pools={k: int(v) for k, v in records.get("pools", {}).get("sizes", {}).items()},
+            pools={name: Pool(**pool) for name, pool in records.get("pools", {}).get("pools", {}).items()},
         )
         self._write("driver", driver)
         return state
@@ -83,8 +85,8 @@ class KafkaControlLog(ControlLog):
     def record_decision(self, decision: Decision) -> None:
         self._write("decision", decision)
 
-    def record_pools(self, pools: dict[str, int]) -> None:
-        self._write("pools", {"sizes": pools})
+    def record_pools(self, pools: dict[str, Pool]) -> None:
+        self._write("pools", {"pools": {name: asdict(pool) for name, pool in pools.items()}})
 
     def reset(self) -> None:
         admin = admin_client(self.client)

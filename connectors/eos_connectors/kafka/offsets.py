@@ -67,7 +67,7 @@ def plan_ends(
     return ends
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class OffsetRange:
     topic: str
     partition: int

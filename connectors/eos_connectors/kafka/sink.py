@@ -37,6 +37,7 @@ from eos.api import (
     Ledger,
     LedgerEntry,
     PipelineInfo,
+    Pool,
     Prepared,
     Recovery,
     SinkConnector,
@@ -182,15 +183,17 @@ class KafkaSink(SinkConnector):
     def pool_ids(self, size: int) -> list[str]:
         return [ids.pool_id(self.prefix, self.name, n) for n in range(size)]
 
+    def pool(self, size: int) -> Pool:
+        return Pool(size, self.kind, self.system(), {"prefix": self.prefix})
+
     @classmethod
-    def fence(cls, sinks: list[SinkConnector], pools: dict[str, int], timeout_s: float) -> int:
-        fenced = 0
-        for sink in sinks:
-            assert isinstance(sink, KafkaSink)
-            txids = sink.pool_ids(pools.get(sink.name, 0))
-            ledger.fence(sink.client, txids, timeout_s)
-            fenced += len(txids)
-        return fenced
+    def fence(cls, sinks: list[SinkConnector], pools: dict[str, Pool], timeout_s: float) -> int:
+        """Every id of every pool recorded on this cluster, through the first sink's connection
+        (a sink renamed or removed since is fenced too: its ids may hold open transactions)."""
+        client = sinks[0].client  # type: ignore[attr-defined]
+        txids = [ids.pool_id(p.detail["prefix"], name, n) for name, p in pools.items() for n in range(p.size)]
+        ledger.fence(client, txids, timeout_s)
+        return len(txids)
 
     @classmethod
     def read_ledger(cls, sinks: list[SinkConnector]) -> Ledger:
