@@ -1,0 +1,178 @@
+"""`eos postgres start|stop|status|dsn|cleanup`: the local PostgreSQL server, and a pipeline's
+lingering prepared transactions."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import uuid
+from pathlib import Path
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _server(args: argparse.Namespace):
+    from eos_ops.localpg import LocalPostgres
+
+    return LocalPostgres(port=args.port, data_dir=args.data_dir)
+
+
+def _shown(dsn: str) -> str:
+    from psycopg.conninfo import make_conninfo
+
+    from eos_connectors.postgres.db import masked
+
+    return make_conninfo(**masked(dsn))
+
+
+def cmd_postgres_start(args: argparse.Namespace) -> int:
+    server = _server(args)
+    status = server.start(timeout=args.timeout, progress=_say)
+    print(f"{_shown(server.dsn)}  (the password: {server.password_file}; `eos postgres dsn` prints the full DSN)")
+    return 0 if status.running else 1
+
+
+def cmd_postgres_stop(args: argparse.Namespace) -> int:
+    _server(args).stop(kill=args.kill, progress=_say)
+    return 0
+
+
+def cmd_postgres_status(args: argparse.Namespace) -> int:
+    server = _server(args)
+    status = server.status()
+    if not status.running:
+        print(f"not running (data directory {status.data_dir})")
+        return 3
+    if not status.answering:
+        print(f"running at {server.host}:{status.port}, pid {status.pid}, NOT answering; log {status.log_file}")
+        return 1
+    print(
+        f"running at {server.host}:{status.port}, pid {status.pid}, PostgreSQL {status.version}, "
+        f"{status.prepared} prepared transactions; data {status.data_dir}; log {status.log_file}"
+    )
+    return 0
+
+
+def cmd_postgres_dsn(args: argparse.Namespace) -> int:
+    print(_server(args).dsn)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# cleanup
+# ---------------------------------------------------------------------------------------------
+
+
+def cleanup(path: Path, take_over: bool = False) -> int:
+    """Resolve a stopped pipeline's prepared transactions by its recorded decision, as recovery
+    does: commit the ones the last decision commits, roll back every other one. Refused while the
+    pipeline's driver answers (eos.runner.take_over); otherwise this command takes the pipeline
+    over (fencing every earlier driver, so none can record a decision behind its back)."""
+    from eos.config import load_pipeline
+    from eos.errors import ConfigError
+    from eos.pipeline import connectors, pipeline_info
+    from eos.protocol.checkpoint import Checkpoint
+    from eos.protocol.decision import DriverInfo
+    from eos.runner import take_over as take_pipeline_over
+    from eos_connectors.postgres.db import first_line
+    from eos_connectors.postgres.sink import PostgresSink, prepared_xacts, resolve_prepared
+
+    config = load_pipeline(path)
+    base_dir = path.resolve().parent
+    if not config.exactly_once:
+        raise ConfigError(f"{path}: pipeline {config.name} runs at-least-once: it prepares no transactions")
+    meta = Checkpoint(config.checkpoint_path(base_dir)).read_meta()
+    found = connectors(config, pipeline_info(config, meta.checkpoint_id if meta else "-", base_dir))
+    sinks = [s for s in found.sinks if isinstance(s, PostgresSink)]
+    if not sinks:
+        raise ConfigError(f"{path}: pipeline {config.name} has no postgres sink")
+    control = found.sources[0].control_log()
+    try:
+        # No vote service: the address answers nobody, so the next `eos run` is never refused.
+        me = DriverInfo(f"cleanup-{uuid.uuid4().hex[:8]}", socket.gethostname(), os.getpid(), "127.0.0.1:0")
+        state = take_pipeline_over(control, me, take_over)
+        decision = state.decision
+        said = f"epoch {decision.epoch} attempt {decision.attempt}" if decision else "none"
+        print(f"pipeline {config.name}: took over from the last driver; recorded decision: {said}")
+        groups: dict[str, list[PostgresSink]] = {}
+        for sink in sinks:
+            groups.setdefault(sink.system(), []).append(sink)
+        total = 0
+        for system, group in groups.items():
+            connections = {}
+            for sink in group:
+                conn = sink.connection()
+                connections.setdefault(conn.info.user, conn)
+            before = {x.gid: x for x in prepared_xacts(group[0].connection(), config.name)}
+            if not before:
+                print(f"{system}: no prepared transactions of {config.name}")
+                continue
+            try:
+                done = resolve_prepared(connections, config.name, decision)
+            except Exception as exc:
+                raise ConfigError(f"{system}: resolving failed: {first_line(exc)}") from None
+            for gid, what in done:
+                age = f" (prepared {before[gid].age_s:.0f} s ago)" if gid in before else ""
+                print(f"{system}: {what} {gid}{age}")
+            total += len(done)
+        print(f"done: {total} prepared transactions resolved")
+        return 0
+    finally:
+        control.close()
+        for sink in sinks:
+            sink.close()
+
+
+def cmd_postgres_cleanup(args: argparse.Namespace) -> int:
+    return cleanup(args.pipeline, take_over=args.take_over)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    postgres = sub.add_parser(
+        "postgres",
+        help="manage the local PostgreSQL server; resolve a pipeline's lingering prepared transactions",
+        description="Manage the local PostgreSQL server (max_prepared_transactions=64, loopback only, data under "
+        "$EOS_HOME), and resolve the prepared transactions a stopped pipeline left in its PostgreSQL sinks.",
+    )
+    psub = postgres.add_subparsers(dest="postgres_command", required=True, metavar="{start,stop,status,dsn,cleanup}")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--port", type=int, default=5432, help="TCP port on 127.0.0.1 (5432)")
+        p.add_argument("--data-dir", type=Path, default=None, help="server data (default $EOS_HOME/postgres-PORT)")
+
+    start = psub.add_parser("start", help="start the server in the background and wait until it answers")
+    common(start)
+    start.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness (120)")
+    start.set_defaults(func=cmd_postgres_start)
+
+    stop = psub.add_parser("stop", help="shut the server down (prepared transactions are kept)")
+    common(stop)
+    stop.add_argument("--kill", action="store_true", help="SIGKILL every server process instead (a crash)")
+    stop.set_defaults(func=cmd_postgres_stop)
+
+    status = psub.add_parser("status", help="is the server running and answering? (exit 3 if not running)")
+    common(status)
+    status.set_defaults(func=cmd_postgres_status)
+
+    dsn = psub.add_parser("dsn", help="print the `eos` role's connection string, password included")
+    common(dsn)
+    dsn.set_defaults(func=cmd_postgres_dsn)
+
+    cleanup_ = psub.add_parser(
+        "cleanup",
+        help="resolve a stopped pipeline's prepared transactions by its recorded decision",
+        description="Prepared transactions hold their locks and keep VACUUM from removing old rows until they are "
+        "committed or rolled back. A pipeline resolves its own at every start; this resolves them while it is "
+        "stopped: the ones its last recorded decision commits are committed, every other one of the pipeline is "
+        "rolled back (exactly what recovery would do). Refused while the pipeline's driver still answers.",
+    )
+    cleanup_.add_argument("pipeline", type=Path, help="the pipeline YAML file")
+    cleanup_.add_argument(
+        "--take-over", action="store_true",
+        help="fence a driver that still answers (a stale process you cannot stop) instead of refusing",
+    )  # fmt: skip
+    cleanup_.set_defaults(func=cmd_postgres_cleanup)
