@@ -1,8 +1,8 @@
-"""`eos verify`: check an exactly-once claim on real topics.
+"""`eos verify`: check an exactly-once claim on real topics and tables.
 
-It reads the input and the committed output (read_committed) with its own plain-Python decoders
-(no Spark: the check must not share a code path with what it checks) and compares them under
-one relation:
+It reads the input and the committed output (read_committed; or a PostgreSQL table, with a plain
+query) with its own plain-Python decoders (no Spark, no eos connector code: the check must not
+share a code path with what it checks) and compares them under one relation:
 
 - match: every input record has exactly one output record with the same id (identity or a keyed
   mapping: ids are a field of the record, the key, or the whole value, optionally extracted from
@@ -12,7 +12,8 @@ one relation:
 
 It reports lost, duplicated and unexpected records (and wrong totals) with examples, and what a
 read_uncommitted reader sees beyond the committed output: the aborted records that show faults
-really happened.
+really happened. A table has no read_uncommitted view; for a table it reports instead how many
+prepared transactions wait in its database (rows nobody can see until they are resolved).
 """
 
 from __future__ import annotations
@@ -66,6 +67,36 @@ def read_topic(bootstrap: str | dict[str, Any], topic: str, read_committed: bool
     return records
 
 
+@dataclass(frozen=True)
+class Row:
+    """One row of an output table (its fields are its columns)."""
+
+    table: str
+    index: int
+
+
+def read_table(dsn: str, table: str, where: str | None = None) -> list[tuple[Row, dict[str, Any]]]:
+    """Every committed row of `table` (optionally schema-qualified) as a dict, by a plain query."""
+    import psycopg
+    from psycopg import sql
+
+    query = sql.SQL("SELECT * FROM {}").format(sql.Identifier(*table.split(".")))
+    if where:
+        query = sql.SQL("{} WHERE {}").format(query, sql.SQL(where))
+    with psycopg.connect(dsn, row_factory=psycopg.rows.dict_row) as conn:
+        rows = conn.execute(query).fetchall()
+    return [(Row(table, i), row) for i, row in enumerate(rows)]
+
+
+def prepared_transactions(dsn: str) -> int:
+    """Prepared transactions waiting in the database of `dsn`."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        query = "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()"
+        return int(conn.execute(query).fetchone()[0])
+
+
 # ---------------------------------------------------------------------------------------------
 # Decoding, independently of the pipeline's codecs
 # ---------------------------------------------------------------------------------------------
@@ -110,8 +141,11 @@ class Decoder:
 _schemas: dict[str, Any] = {}
 
 
-def _field(decoded: Any, record: Record, path: str) -> Any:
-    """A record's id or group field: 'key', 'value', or a (dotted) field of the decoded value."""
+def _field(decoded: Any, record: Record | Row, path: str) -> Any:
+    """A record's id or group field: 'key', 'value', or a (dotted) field of the decoded value; a
+    table row's column."""
+    if isinstance(record, Row):
+        return decoded.get(path, _MISSING)
     if path == "key":
         return record.key.decode("utf-8", errors="replace") if record.key is not None else None
     if path == "value":
@@ -163,11 +197,18 @@ class Aggregate:
 class VerifySpec:
     bootstrap: str
     input_topic: str
-    output_topic: str
+    output_topic: str = ""
     input_decoder: Decoder = field(default_factory=Decoder)
     output_decoder: Decoder = field(default_factory=Decoder)
     match: Match | None = None
     aggregate: Aggregate | None = None
+    output_table: str | None = None  # a PostgreSQL table instead of an output topic
+    dsn: str | None = None  # the table's database (libpq string; PG* environment variables apply too)
+    where: str | None = None  # an SQL condition on the table's rows (e.g. one pipeline's share of a table)
+
+    @property
+    def output(self) -> str:
+        return f"table {self.output_table}" if self.output_table else self.output_topic
 
 
 @dataclass
@@ -182,6 +223,7 @@ class VerifyReport:
     unexpected: list[Any]
     wrong: list[tuple[Any, Any, Any]] = field(default_factory=list)
     undecodable: list[str] = field(default_factory=list)
+    prepared: int | None = None  # a table's database: prepared transactions not yet resolved
 
     @property
     def aborted_seen(self) -> int:
@@ -201,15 +243,23 @@ class VerifyReport:
             "examples": {"lost": _examples(self.lost), "duplicated": _examples(self.duplicated),
                          "unexpected": _examples(self.unexpected), "wrong": _examples(self.wrong),
                          "undecodable": self.undecodable[:5]},
+            **({} if self.prepared is None else {"prepared_transactions": self.prepared}),
         }  # fmt: skip
 
     def lines(self) -> Iterable[str]:
         yield f"relation: {self.relation}"
-        yield (
-            f"input: {self.input_records} records (read_committed); output: {self.output_records} committed, "
-            f"{self.output_uncommitted} seen by read_uncommitted ({self.aborted_seen} aborted records: "
-            f"{'faults happened and were rolled back' if self.aborted_seen else 'no aborted transactions'})"
-        )
+        if self.prepared is not None:
+            yield (
+                f"input: {self.input_records} records (read_committed); output: {self.output_records} committed rows "
+                f"({self.prepared} prepared transactions waiting in the database"
+                f"{': their rows are invisible until they are resolved' if self.prepared else ''})"
+            )
+        else:
+            yield (
+                f"input: {self.input_records} records (read_committed); output: {self.output_records} committed, "
+                f"{self.output_uncommitted} seen by read_uncommitted ({self.aborted_seen} aborted records: "
+                f"{'faults happened and were rolled back' if self.aborted_seen else 'no aborted transactions'})"
+            )
         yield (
             f"expected {self.expected}: lost {len(self.lost)}, duplicated {len(self.duplicated)}, unexpected "
             f"{len(self.unexpected)}" + (f", wrong totals {len(self.wrong)}" if self.wrong is not None else "")
@@ -334,16 +384,26 @@ def _check_aggregate(spec: VerifySpec, inputs, outputs, report: VerifyReport) ->
 def verify(spec: VerifySpec) -> VerifyReport:
     if (spec.match is None) == (spec.aggregate is None):
         raise ConfigError("say what to check: a match (ids) or an aggregate (totals), not both")
+    if bool(spec.output_table) == bool(spec.output_topic):
+        raise ConfigError("say where the output is: an output topic or an output table, not both")
+    if spec.output_table and not spec.dsn:
+        raise ConfigError("an output table needs the dsn of its database")
     inputs_raw = read_topic(spec.bootstrap, spec.input_topic, read_committed=True)
-    outputs_raw = read_topic(spec.bootstrap, spec.output_topic, read_committed=True)
-    uncommitted = len(read_topic(spec.bootstrap, spec.output_topic, read_committed=False))
     relation = (
         f"match {spec.match.input_id} -> {spec.match.output_id}" if spec.match
         else f"aggregate by {', '.join(spec.aggregate.group_by)}"  # type: ignore[union-attr]
     )  # fmt: skip
-    report = VerifyReport(relation, len(inputs_raw), len(outputs_raw), uncommitted, 0, [], [], [])
+    if spec.output_table:
+        assert spec.dsn is not None
+        outputs: list[tuple[Any, Any]] = read_table(spec.dsn, spec.output_table, spec.where)  # type: ignore[assignment]
+        report = VerifyReport(relation, len(inputs_raw), len(outputs), len(outputs), 0, [], [], [])
+        report.prepared = prepared_transactions(spec.dsn)
+    else:
+        outputs_raw = read_topic(spec.bootstrap, spec.output_topic, read_committed=True)
+        uncommitted = len(read_topic(spec.bootstrap, spec.output_topic, read_committed=False))
+        report = VerifyReport(relation, len(inputs_raw), len(outputs_raw), uncommitted, 0, [], [], [])
+        outputs = _decode_all(outputs_raw, spec.output_decoder, report.undecodable)
     inputs = _decode_all(inputs_raw, spec.input_decoder, report.undecodable)
-    outputs = _decode_all(outputs_raw, spec.output_decoder, report.undecodable)
     if spec.match is not None:
         _check_match(spec, inputs, outputs, report)
     else:
@@ -351,9 +411,10 @@ def verify(spec: VerifySpec) -> VerifyReport:
     return report
 
 
-def load_spec(path: str | Path, bootstrap: str | None = None) -> VerifySpec:
-    """A verify spec file (YAML): bootstrap, input/output {topic, format, schema, wire}, and
-    `match: {input_id, output_id, output_id_regex}` or `aggregate: {...}`."""
+def load_spec(path: str | Path, bootstrap: str | None = None, dsn: str | None = None) -> VerifySpec:
+    """A verify spec file (YAML): bootstrap, input {topic, format, schema, wire}, output {topic,
+    format, schema, wire} or {table, dsn, where} (a PostgreSQL table; `${VAR}` for the password),
+    and `match: {input_id, output_id, output_id_regex}` or `aggregate: {...}`."""
     from eos.yamlsource import load_yaml
 
     data = load_yaml(path).data
@@ -361,14 +422,18 @@ def load_spec(path: str | Path, bootstrap: str | None = None) -> VerifySpec:
         raise ConfigError(f"{path}: a verify spec is a mapping")
     try:
         side = {k: data[k] for k in ("input", "output")}
+        table_keys = ("table", "dsn", "where")
         return VerifySpec(
             bootstrap=bootstrap or data["bootstrap"],
             input_topic=side["input"]["topic"],
-            output_topic=side["output"]["topic"],
+            output_topic=side["output"].get("topic", ""),
             input_decoder=Decoder(**{k: v for k, v in side["input"].items() if k != "topic"}),
-            output_decoder=Decoder(**{k: v for k, v in side["output"].items() if k != "topic"}),
+            output_decoder=Decoder(**{k: v for k, v in side["output"].items() if k not in ("topic", *table_keys)}),
             match=Match(**data["match"]) if "match" in data else None,
             aggregate=Aggregate(**data["aggregate"]) if "aggregate" in data else None,
+            output_table=side["output"].get("table"),
+            dsn=dsn or side["output"].get("dsn"),
+            where=side["output"].get("where"),
         )
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: invalid verify spec: {exc}") from exc
