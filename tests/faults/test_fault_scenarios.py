@@ -22,7 +22,7 @@ from tests.pipelines import (
     write_pipeline,
 )
 from tests.support import start_local_broker
-from tests.test_fault_matrix import eos_verify, run_until_done
+from tests.faults.test_fault_matrix import eos_verify, run_until_done
 
 PROTOCOL_POINTS = [p for p in POINTS if p != "source.read"]
 
@@ -53,7 +53,7 @@ def test_broker_restart_mid_epoch(tmp_path, unique_name):
             [sys.executable, "-m", "eos", "run", str(path), "--failpoint", "sink.mid_produce=pause(12)@epoch=1,slot=0"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, start_new_session=True,
         )  # fmt: skip
-        marker_dir = checkpoint / "_eos" / "failpoints"
+        marker_dir = checkpoint / "_eos" / "scratch" / "failpoints"
         deadline = time.monotonic() + 240
         while not (marker_dir.is_dir() and any(marker_dir.iterdir())):
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
@@ -129,7 +129,7 @@ def test_task_failures_are_retried_by_spark(bootstrap, new_topic, unique_name, t
     path = write_pipeline(tmp_path, passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck"))
     finished = eos_subprocess("run", str(path), "--master", "local[2,3]", "--failpoint", "source.read=raise@times=1")
     assert finished.returncode == 0, finished.output[-4000:]
-    fired = list((tmp_path / "ck" / "_eos" / "failpoints").glob("source_read_raise*"))
+    fired = list((tmp_path / "ck" / "_eos" / "scratch" / "failpoints").glob("source_read_raise*"))
     assert fired, "the read task never failed"
     assert "ABORTED" not in finished.output  # Spark's retry, not an epoch retry
     _exactly_once(bootstrap, source, sink, 900)

@@ -221,7 +221,7 @@ def test_dlq_exactly_once_across_a_kill_at_every_failpoint(point, bootstrap, new
     assert crashed.killed, crashed.output[-3000:]
     # The failpoint fired (its firing is recorded in the checkpoint: a task's own "kill -9 at"
     # line may die with the process before Spark forwards it).
-    fired = [p.name for p in (tmp_path / "ck" / "_eos" / "failpoints").iterdir()]
+    fired = [p.name for p in (tmp_path / "ck" / "_eos" / "scratch" / "failpoints").iterdir()]
     assert any(name.startswith(point.replace(".", "_") + "_kill") for name in fired), fired
     for _ in range(3):
         resumed = eos_subprocess("run", str(path))
