@@ -73,6 +73,7 @@ class AttemptState:
     deadline: float
     votes: dict[tuple[str, str], Vote] = field(default_factory=dict)  # (sink, handle) -> vote
     released: set[tuple[str, str]] = field(default_factory=set)  # told to commit
+    leases: set[tuple[str, int]] = field(default_factory=set)  # (sink, id) granted in this attempt
     closed: str | None = None  # why the attempt ended; undecided votes are aborted
     opened_at: float = field(default_factory=time.monotonic)
 
@@ -214,11 +215,11 @@ class Coordinator:
         key = (int(request["epoch"]), int(request["attempt"]))
         with self._lock:
             state = self._attempts.get(key)
-            if state is None or (state.closed and op != "committed"):
+            if state is None or (state.closed and op not in ("committed", "commit_failed")):
                 reason = state.closed if state else "is not current"
                 return {"decision": ABORT, "error": f"epoch {key[0]} attempt {key[1]}: {reason}"}
             if op == "lease":
-                return self._lease(request)
+                return self._lease(state, request)
             vote_key = (request["sink"], request["handle"])
             if op == "prepared":
                 return self._await_decision(state, vote_key, request)
@@ -249,7 +250,7 @@ class Coordinator:
                 continue
             self._lock.wait(remaining)
 
-    def _lease(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _lease(self, state: AttemptState, request: dict[str, Any]) -> dict[str, Any]:
         sink, worker = request["sink"], request["worker"]
         pool = self._pools.setdefault(sink, Pool())
         idle = [int(n) for n in request.get("idle", [])]
@@ -257,6 +258,7 @@ class Coordinator:
         for n in idle:
             if n not in stale and n not in pool.busy:
                 pool.busy.add(n)
+                state.leases.add((sink, n))
                 return {"number": n, "fresh": False, "stale": stale}
         free = [n for n in range(pool.size) if n not in pool.busy]
         unowned = [n for n in free if n not in pool.owner]
@@ -270,6 +272,7 @@ class Coordinator:
         number = (unowned or free)[0]
         pool.owner[number] = worker
         pool.busy.add(number)
+        state.leases.add((sink, number))
         return {"number": number, "fresh": True, "stale": stale}
 
     def pool_sizes_unlocked(self) -> dict[str, int]:
@@ -280,9 +283,11 @@ class Coordinator:
             self._pools[sink].busy.discard(lease)
 
     def _release_leases(self, state: AttemptState) -> None:
-        for vote in state.votes.values():
-            if vote.decision == ABORT or (vote.decision is None and state.closed):
-                self._free(vote.sink, vote.lease)
+        """The attempt is over: its ids are free again, but those still committing (told to
+        commit, no report yet): their owner frees them with its report."""
+        committing = {(v.sink, v.lease) for k, v in state.votes.items() if k in state.released and not v.committed}
+        for sink, number in state.leases - committing:
+            self._free(sink, number)
 
 
 # ---------------------------------------------------------------------------------------------
