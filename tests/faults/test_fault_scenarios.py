@@ -14,6 +14,7 @@ import pytest
 
 from eos.failpoints import POINTS
 from eos_connectors.kafka.clients import admin_client, end_offsets
+from tests.faults.test_fault_matrix import eos_verify, run_until_done
 from tests.pipelines import (
     ROOT,
     eos_subprocess,
@@ -22,7 +23,6 @@ from tests.pipelines import (
     write_pipeline,
 )
 from tests.support import start_local_broker
-from tests.faults.test_fault_matrix import eos_verify, run_until_done
 
 PROTOCOL_POINTS = [p for p in POINTS if p != "source.read"]
 
