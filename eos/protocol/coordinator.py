@@ -174,7 +174,8 @@ class Coordinator:
                     return []
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    missing = [f"{k[0]} {k[1]}" for k, v in zip(keys, votes, strict=True) if v is None or not v.committed]
+                    pending = zip(keys, votes, strict=True)
+                    missing = [f"{k[0]} {k[1]}" for k, v in pending if v is None or not v.committed]
                     return [f"no commit report within {timeout_s:.0f} s from {', '.join(missing)}"]
                 self._lock.wait(remaining)
 

@@ -221,7 +221,8 @@ def is_indefinite(exc: BaseException) -> bool:
     from confluent_kafka import KafkaError
 
     error = kafka_error(exc)
-    return bool(error and error.code() in (KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT_QUEUE))
+    timeouts = (KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT_QUEUE)
+    return bool(error and error.code() in timeouts)
 
 
 # ---------------------------------------------------------------------------------------------
