@@ -322,7 +322,7 @@ class KafkaNode:
             return "stopped"
         return "paused" if _process_state(pid) in ("T", "t") else "running"
 
-    def _signal(self, sig: signal.Signals) -> int:
+    def send_signal(self, sig: signal.Signals) -> int:
         pid = self.pid()
         if pid is None:
             raise EnvironmentProblem(
@@ -334,14 +334,14 @@ class KafkaNode:
 
     def pause(self) -> None:
         """SIGSTOP: the JVM freezes with its sockets open, like a long GC pause or a hung VM, not a crash."""
-        pid = self._signal(signal.SIGSTOP)
+        pid = self.send_signal(signal.SIGSTOP)
         deadline = time.monotonic() + 10
         while _process_state(pid) not in ("T", "t") and time.monotonic() < deadline:
             time.sleep(0.02)
 
     def resume(self) -> None:
         """SIGCONT after pause()."""
-        self._signal(signal.SIGCONT)
+        self.send_signal(signal.SIGCONT)
 
     def stop(self, timeout: float = 60.0, kill: bool = False, progress: Progress = _quiet) -> bool:
         """Stop the process: SIGTERM and a clean shutdown, or SIGKILL with kill=True. A paused process
@@ -795,8 +795,9 @@ class LocalCluster:
 
     def kill(self, node_id: int) -> None:
         """SIGKILL one node: a crash, no controlled shutdown; its leaderships move once its broker
-        session times out."""
-        self.node(node_id).stop(kill=True)
+        session times out. An error if the node is not running (a test that kills nothing proves nothing)."""
+        node = self.node(node_id)
+        node.wait_gone(node.send_signal(signal.SIGKILL), timeout=30)
         self._procs.pop(node_id, None)
 
     def pause(self, node_id: int) -> None:
