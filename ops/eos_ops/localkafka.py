@@ -829,6 +829,13 @@ class LocalCluster:
         bootstrap = self.reachable_bootstrap()
         return _metadata(bootstrap, timeout, topic) if bootstrap else None
 
+    def _unanswered(self) -> EnvironmentProblem:
+        states = ", ".join(f"node {n} {node.state()}" for n, node in self.nodes.items())
+        return EnvironmentProblem(
+            f"no running node of the cluster in {self.data_dir} answered a metadata request ({states}).",
+            hint="start it with LocalCluster.start() or `eos kafka start --brokers 3`",
+        )
+
     def brokers(self, timeout: float = 5.0) -> set[int]:
         """Broker ids in the metadata: registered and unfenced. A killed or paused node drops out once its
         broker session times out (broker.session.timeout.ms)."""
@@ -838,17 +845,21 @@ class LocalCluster:
     def leader(self, topic: str, partition: int, timeout: float = 5.0) -> int | None:
         """The node leading a partition per the metadata, None if it has no leader."""
         metadata = self.metadata(timeout, topic)
-        info = metadata.topics.get(topic) if metadata is not None else None
+        if metadata is None:
+            raise self._unanswered()
+        info = metadata.topics.get(topic)
         if info is None or info.error is not None or partition not in info.partitions:
-            where = "no node answered" if metadata is None else f"{info.error if info else 'no such topic'}"
-            raise EnvironmentProblem(f"{topic}[{partition}] is not in the metadata of {self.bootstrap} ({where}).")
+            why = info.error if info is not None and info.error is not None else "no such topic or partition"
+            raise EnvironmentProblem(f"{topic}[{partition}] is not in the metadata of {self.bootstrap} ({why}).")
         leader = info.partitions[partition].leader
         return leader if leader >= 0 else None
 
     def transaction_coordinator(self, transactional_id: str, timeout: float = 5.0) -> int | None:
         """The node coordinating `transactional_id`: the leader of its __transaction_state partition."""
         metadata = self.metadata(timeout, TRANSACTION_STATE)
-        info = metadata.topics.get(TRANSACTION_STATE) if metadata is not None else None
+        if metadata is None:
+            raise self._unanswered()
+        info = metadata.topics.get(TRANSACTION_STATE)
         if info is None or info.error is not None:
             raise EnvironmentProblem(
                 f"{TRANSACTION_STATE} is not in the metadata of {self.bootstrap}: Kafka creates it on the first "
