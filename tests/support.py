@@ -54,6 +54,32 @@ def start_local_broker(workdir: Path, heap: str = "512m") -> KafkaUnderTest:
     return under_test
 
 
+@dataclass
+class ClusterUnderTest:
+    """The local three-node KRaft cluster: `bootstrap` (all three brokers) for clients, `cluster` (an
+    eos_ops.localkafka.LocalCluster) for fault injection: kill, pause, resume, restart, and who leads."""
+
+    bootstrap: str
+    cluster: Any
+    start_seconds: float
+
+    def close(self) -> None:
+        self.cluster.stop()
+
+
+def start_kafka_cluster_under_test(workdir: Path, heap: str = "384m") -> ClusterUnderTest:
+    """Start a LocalCluster in `workdir` on free ports. Always the embedded cluster, never
+    EOS_KAFKA_BOOTSTRAP or a container: fault injection needs the nodes' processes at hand."""
+    import time
+
+    from eos_ops.localkafka import LocalCluster, free_port
+
+    cluster = LocalCluster(port=free_port(span=6), data_dir=workdir / "cluster", heap=heap)
+    started = time.monotonic()
+    cluster.start(progress=print)
+    return ClusterUnderTest(cluster.bootstrap, cluster, time.monotonic() - started)
+
+
 def read_all(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Any]:
     """Every message of a topic up to its current end (LSO for read_committed, else the high
     watermark), in partition and offset order."""
