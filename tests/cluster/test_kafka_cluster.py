@@ -1,21 +1,22 @@
 """A real three-node Apache Kafka KRaft cluster under faults: kill -9 of a transaction coordinator,
 SIGSTOP of a broker, loss of the active controller.
 
-One cluster for the whole module, started once (a cold start costs 15-30 s) and stopped when the module is
-done, rather than idling through the rest of the suite (about 0.1 core and 0.9 GB resident). Every test
-starts from a whole cluster and leaves one behind: the `cluster` fixture resumes and restarts whatever a
-test paused or killed and waits until every partition is back in sync.
+One cluster for every test under tests/cluster (tests/cluster/conftest.py), started once (a cold start
+costs 15-30 s); the cluster tests run last, so it does not idle through the rest of the suite. Every
+test starts from a whole cluster and leaves one behind: the `cluster` fixture resumes and restarts
+whatever a test paused or killed and waits until every partition is back in sync.
 """
 
 from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource, OffsetSpec
+
 from eos_connectors.kafka.clients import admin_client, consumer, create_topic, producer
 from eos_ops.localkafka import (
     NODE_IDS,
@@ -26,26 +27,13 @@ from eos_ops.localkafka import (
     java_string_hash,
     transaction_partition,
 )
-
-from tests.support import ClusterUnderTest, start_kafka_cluster_under_test
+from tests.support import ClusterUnderTest
 
 pytestmark = pytest.mark.slow
 
 # The client-side request timeout of the paused-broker test: librdkafka's socket.timeout.ms (how long a
 # request may wait for its answer) and request.timeout.ms (the produce ack timeout the broker applies).
 CLIENT_REQUEST_TIMEOUT_S = 5.0
-
-
-@pytest.fixture(scope="module")
-def cluster_under_test(tmp_path_factory: pytest.TempPathFactory, request) -> Iterator[ClusterUnderTest]:
-    under_test = start_kafka_cluster_under_test(tmp_path_factory.mktemp("kafka-cluster"))
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    with capture.global_and_fixture_disabled():  # shown in every run, not only with -s
-        print(f"\n3-node Kafka cluster started in {under_test.start_seconds:.1f} s", flush=True)
-    try:
-        yield under_test
-    finally:
-        under_test.close()
 
 
 @pytest.fixture
