@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,3 +139,25 @@ def independent_committed_values(bootstrap: str, topic: str, timeout_s: float = 
         return values
     finally:
         reader.close()
+
+
+def wait_for_topic(admin, topic: str, partitions: int) -> dict:
+    """The topic's partition metadata once every partition has a leader: CreateTopics returns when the
+    controller has committed the topic, and brokers learn of it a moment later."""
+
+    def described():
+        found = admin.list_topics(topic, timeout=10).topics.get(topic)
+        ready = found is not None and found.error is None and len(found.partitions) == partitions
+        return found.partitions if ready and all(p.leader >= 0 for p in found.partitions.values()) else None
+
+    return wait_for(described, 30, f"topic {topic} in the metadata")
+
+
+def wait_for(check: Callable[[], object], timeout: float, what: str) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(0.1)

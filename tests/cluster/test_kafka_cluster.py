@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Callable
 
 import pytest
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
@@ -27,45 +26,13 @@ from eos_ops.localkafka import (
     java_string_hash,
     transaction_partition,
 )
-from tests.support import ClusterUnderTest
+from tests.support import wait_for, wait_for_topic
 
 pytestmark = pytest.mark.slow
 
 # The client-side request timeout of the paused-broker test: librdkafka's socket.timeout.ms (how long a
 # request may wait for its answer) and request.timeout.ms (the produce ack timeout the broker applies).
 CLIENT_REQUEST_TIMEOUT_S = 5.0
-
-
-@pytest.fixture
-def cluster(cluster_under_test: ClusterUnderTest):
-    """The LocalCluster, whole before the test and made whole again after it (resume, restart, resync)."""
-    cluster = cluster_under_test.cluster
-    cluster.wait_until_healthy(timeout=120)
-    try:
-        yield cluster
-    finally:
-        cluster.start(timeout=180)
-
-
-@pytest.fixture
-def bootstrap(cluster_under_test: ClusterUnderTest) -> str:
-    return cluster_under_test.bootstrap
-
-
-@pytest.fixture
-def admin(bootstrap: str):
-    return admin_client({"bootstrap.servers": bootstrap})
-
-
-@pytest.fixture
-def new_topic(admin, unique_name) -> Callable[..., str]:
-    def make(partitions: int = 3, replication: int = -1) -> str:
-        name = unique_name("t")
-        assert create_topic(admin, name, partitions, replication), f"topic {name} already existed"
-        wait_for_topic(admin, name, partitions)
-        return name
-
-    return make
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,28 +119,6 @@ def table(text: str) -> list[dict[str, str]]:
     """TransactionsCommand's output: a header row, then whitespace-separated rows."""
     lines = [line.split() for line in text.splitlines() if line.strip()]
     return [dict(zip(lines[0], row, strict=False)) for row in lines[1:]]
-
-
-def wait_for_topic(admin, topic: str, partitions: int) -> dict:
-    """The topic's partition metadata once every partition has a leader: CreateTopics returns when the
-    controller has committed the topic, and brokers learn of it a moment later."""
-
-    def described():
-        found = admin.list_topics(topic, timeout=10).topics.get(topic)
-        ready = found is not None and found.error is None and len(found.partitions) == partitions
-        return found.partitions if ready and all(p.leader >= 0 for p in found.partitions.values()) else None
-
-    return wait_for(described, 30, f"topic {topic} in the metadata")
-
-
-def wait_for(check: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(0.1)
 
 
 # ---------------------------------------------------------------------------------------------
