@@ -302,7 +302,7 @@ def test_encoding_a_value_the_schema_rejects_is_a_clear_permanent_error(spark, t
     schema = {"type": "record", "name": "Out", "fields": [{"name": "a", "type": "long"}]}
     fmt = FormatConfig(type="avro", schema=write_schema(tmp_path, "out.avsc", schema))
     df = spark.createDataFrame([(None,)], "a long").select(F.struct("a").alias("r"))
-    with pytest.raises(Exception, match="PoisonRecord.*cannot encode a value as Avro of schema Out"):
+    with pytest.raises(Exception, match=r"PoisonRecord.*cannot encode a value as Avro of schema Out"):
         df.select(avro.encode_column(F.col("r"), fmt, "value", None)).collect()
 
 
