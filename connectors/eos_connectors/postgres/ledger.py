@@ -105,7 +105,15 @@ def committed_gid(conn: psycopg.Connection, ledger: str, pipeline: str, sink: st
 
 
 def delete_pipeline(conn: psycopg.Connection, ledger: str, pipeline: str) -> int:
-    """`eos reset` / the demo: forget the pipeline's rows."""
+    """The demo's reset: forget the pipeline's rows."""
     if regclass(conn, ledger) is None:
         return 0
     return conn.execute(sql.SQL("DELETE FROM {} WHERE pipeline = %s").format(table_name(ledger)), [pipeline]).rowcount
+
+
+def delete_sink(conn: psycopg.Connection, ledger: str, pipeline: str, sink: str) -> int:
+    """`eos reset`: forget one sink's rows."""
+    if regclass(conn, ledger) is None:
+        return 0
+    query = sql.SQL("DELETE FROM {} WHERE pipeline = %s AND sink = %s").format(table_name(ledger))
+    return conn.execute(query, [pipeline, sink]).rowcount

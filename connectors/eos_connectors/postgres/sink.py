@@ -346,6 +346,10 @@ class PostgresSink(SinkConnector):
                     f"row shows {gid or 'nothing'}): someone rolled it back; the slot's rows are written again"
                 )
 
+    def forget(self) -> None:
+        """`eos reset`: delete this sink's rows of the ledger table (its table keeps its rows)."""
+        ledger.delete_sink(self.connection(), self.section.ledger_table, self.pipeline.name, self.name)
+
     def discard(self, prepared: list[Prepared]) -> None:
         for p in prepared:
             with contextlib.suppress(psycopg.Error, EnvironmentProblem):
