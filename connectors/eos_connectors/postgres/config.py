@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_serializer, field_validator, model_validator
 
 from eos.api import SINK_NAME, VIEW, Duration, Model, SinkEntry
 
@@ -42,6 +42,14 @@ class PostgresSinkSection(Model):
     columns: dict[str, str] | None = Field(None, min_length=1)  # ordered: name -> SQL expression
     ledger_table: str = Field("eos_ledger", pattern=QUALIFIED)
     lock_timeout: Duration = 10.0  # SET LOCAL lock_timeout of every slot transaction
+
+    @field_serializer("dsn")
+    def _masked(self, dsn: str) -> str:
+        """Whatever shows the config (`eos validate --json`, logs) gets the DSN with its secrets
+        masked; the connector reads the attribute itself."""
+        from eos_connectors.postgres.db import masked_dsn
+
+        return masked_dsn(dsn)
 
     @field_validator("key")
     @classmethod

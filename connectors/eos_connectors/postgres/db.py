@@ -43,6 +43,16 @@ def masked(dsn: str) -> dict[str, Any]:
     return redacted(dsn_fields(dsn))
 
 
+def masked_dsn(dsn: str) -> str:
+    """The DSN as a connection string with its secrets masked (or a placeholder if it does not parse)."""
+    from psycopg.conninfo import make_conninfo
+
+    try:
+        return make_conninfo(**masked(dsn))
+    except (ConfigError, psycopg.Error):
+        return "(an unparsable dsn)"
+
+
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:300] if text else type(exc).__name__

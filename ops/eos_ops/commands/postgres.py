@@ -22,11 +22,9 @@ def _server(args: argparse.Namespace):
 
 
 def _shown(dsn: str) -> str:
-    from psycopg.conninfo import make_conninfo
+    from eos_connectors.postgres.db import masked_dsn
 
-    from eos_connectors.postgres.db import masked
-
-    return make_conninfo(**masked(dsn))
+    return masked_dsn(dsn)
 
 
 def cmd_postgres_start(args: argparse.Namespace) -> int:
