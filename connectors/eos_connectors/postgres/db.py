@@ -60,11 +60,17 @@ def first_line(exc: BaseException) -> str:
 
 def connect(dsn: str, role: str) -> psycopg.Connection:
     """An autocommit connection: BEGIN, PREPARE TRANSACTION and COMMIT PREPARED are sent exactly
-    as written. Raises EnvironmentProblem naming the server, never the DSN."""
+    as written. Raises SlotAborted (a server restarting: recovery and the epoch are retried),
+    naming the server, never the DSN."""
     try:
         return psycopg.connect(dsn, autocommit=True, connect_timeout=10, application_name=f"{APPLICATION}-{role}")
     except psycopg.Error as exc:
-        raise EnvironmentProblem(f"cannot connect to PostgreSQL at {where(dsn)}: {first_line(exc)}") from None
+        raise SlotAborted(f"cannot connect to PostgreSQL at {where(dsn)}: {first_line(exc)}") from None
+
+
+def unreachable(exc: SlotAborted) -> EnvironmentProblem:
+    """At start-up, a server that does not answer is the user's to fix, not a retry's."""
+    return EnvironmentProblem(exc.message, hint="is the server running, and does the sink's dsn name it?")
 
 
 def sqlstate(exc: BaseException) -> str:

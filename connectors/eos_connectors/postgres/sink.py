@@ -42,7 +42,6 @@ from psycopg import sql
 from eos.api import (
     ConfigError,
     Decision,
-    EnvironmentProblem,
     Ledger,
     LedgerEntry,
     PipelineInfo,
@@ -68,6 +67,7 @@ from eos_connectors.postgres.db import (
     table_columns,
     table_name,
     unique_keys,
+    unreachable,
     where,
 )
 
@@ -199,7 +199,10 @@ class PostgresSink(SinkConnector):
 
     # -- checks ------------------------------------------------------------------------------
     def check(self, spark: Any) -> None:
-        conn = self.connection()
+        try:
+            conn = self.connection()
+        except SlotAborted as exc:
+            raise unreachable(exc) from None
         if not self.pipeline.exactly_once:
             return
         limit = int(conn.execute("SHOW max_prepared_transactions").fetchone()[0])
@@ -336,7 +339,7 @@ class PostgresSink(SinkConnector):
                 if finish(conn, p.handle, commit=True):
                     continue
                 gid = ledger.committed_gid(conn, self.section.ledger_table, self.pipeline.name, p.sink, p.slot)
-            except (psycopg.Error, EnvironmentProblem) as exc:
+            except (psycopg.Error, SlotAborted) as exc:
                 if isinstance(exc, psycopg.OperationalError):
                     self._reset()
                 raise SlotAborted(f"sink {self.name}: COMMIT PREPARED {p.handle} failed: {first_line(exc)}") from None
@@ -352,7 +355,7 @@ class PostgresSink(SinkConnector):
 
     def discard(self, prepared: list[Prepared]) -> None:
         for p in prepared:
-            with contextlib.suppress(psycopg.Error, EnvironmentProblem):
+            with contextlib.suppress(psycopg.Error, SlotAborted):
                 finish(self.connection(), p.handle, commit=False)
 
     @classmethod
