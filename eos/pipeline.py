@@ -77,6 +77,11 @@ def build(
 ) -> BuiltPipeline:
     from pyspark.sql import functions as F
 
+    # Every sink's rows are a branch of one union. With exchange reuse on, Spark (4.x) plans the
+    # second of two branches that share a stateful subplan (two sinks of one windowed aggregate,
+    # append mode) onto the first one's shuffle, and that branch then emits nothing: its sink
+    # silently misses every row. Each branch must run its own plan.
+    spark.conf.set("spark.sql.exchange.reuse", "false")
     parts: list[tuple[str, Any, Any]] = []  # (sink name, its rows, its writer or None)
     poison_parts: list[tuple[str, Any, Any]] = []
     dead_letters = {sink.name: sink for sink in found.sinks[len(config.sinks) :]}
