@@ -1,5 +1,5 @@
 # The two commands of the README:
-#   make demo   set up, start the local Kafka broker, run the demo pipeline, verify exactly-once
+#   make demo   set up, start the local Kafka broker and PostgreSQL, run the demo pipeline, verify exactly-once
 #   make test   set up and run the whole test suite (what CI runs)
 # Everything is installed into .venv from scratch; broker jars go to $(EOS_HOME).
 
@@ -21,9 +21,10 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/eos demo
 
-# The demo's broker lives under $(EOS_HOME), so stop it from here (or with EOS_HOME=.eos).
+# The demo's broker and PostgreSQL live under $(EOS_HOME), so stop them from here (or with EOS_HOME=.eos).
 stop: install
 	$(BIN)/eos kafka stop
+	$(BIN)/eos postgres stop
 
 lint: install
 	$(BIN)/ruff check .
@@ -38,4 +39,5 @@ bench: install
 
 clean:
 	-$(BIN)/eos kafka stop
+	-$(BIN)/eos postgres stop
 	rm -rf $(VENV) .eos .pytest_cache .ruff_cache

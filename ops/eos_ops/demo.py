@@ -1,11 +1,13 @@
-"""`eos demo`: the README's run command, end to end on the embedded broker.
+"""`eos demo`: the README's run command, end to end on the embedded broker and a local PostgreSQL.
 
-1. start the local Kafka broker (or use $EOS_BOOTSTRAP with --external-kafka);
-2. reset the demo's topics and checkpoint;
+1. start the local Kafka broker (or use $EOS_BOOTSTRAP with --external-kafka) and the local
+   PostgreSQL server (or use $EOS_PG_DSN with --external-postgres), both under $EOS_HOME;
+2. reset the demo's topics, table and checkpoint;
 3. generate ad impressions and clicks, with duplicates (same event_id) and late events, and
    keep the ground truth: the counts per campaign per minute of the distinct events;
 4. run examples/ad_attribution.yaml until it has consumed everything;
-5. read the output with read_committed and compare it, window by window, to the ground truth.
+5. read the output topic with read_committed and the output table with a plain query, and
+   compare each, window by window, to the ground truth.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from eos_connectors.kafka.clients import admin_client, create_topic, producer
 
 INPUT_TOPIC = "ad-events"
 OUTPUT_TOPIC = "campaign-counts"
+OUTPUT_TABLE = "campaign_counts"
 PIPELINE_NAME = "ad-attribution"
 EVENT_SCHEMA = "ad_event.avsc"  # the input's values (Avro, as examples/ad_attribution.yaml reads them)
 OUTPUT_SCHEMA = "campaign_counts.avsc"  # the output's values
@@ -150,16 +153,12 @@ def from_avro_record(value: bytes, schema: Any) -> dict[str, Any]:
     return fastavro.schemaless_reader(io.BytesIO(value), schema)
 
 
-def check_output(bootstrap: str, topic: str, truth: DemoTruth) -> DemoCheck:
-    from eos_ops.verify import read_topic
-
-    committed = read_topic(bootstrap, topic, read_committed=True)
-    everything = read_topic(bootstrap, topic, read_committed=False)
+def _compare(rows: list[dict[str, Any]], truth: DemoTruth, aborted: int) -> DemoCheck:
+    """Output rows (campaign_id, window_start as a UTC datetime, impressions, clicks) against the
+    ground truth, window by window."""
     seen: dict[tuple[str, int], tuple[int, int]] = {}
     duplicated: list[tuple[str, int]] = []
-    schema = avro_schema(OUTPUT_SCHEMA)
-    for record in committed:
-        row = from_avro_record(record.value, schema)  # window_start: timestamp-millis -> datetime (UTC)
+    for row in rows:
         key = (row["campaign_id"], int(row["window_start"].timestamp() * 1000))
         if key in seen:
             duplicated.append(key)
@@ -172,18 +171,40 @@ def check_output(bootstrap: str, topic: str, truth: DemoTruth) -> DemoCheck:
         missing_windows=sorted(set(expected) - set(seen)),
         unexpected_windows=sorted(set(seen) - set(expected)),
         wrong_counts=[(k, seen[k], expected[k]) for k in sorted(set(seen) & set(expected)) if seen[k] != expected[k]],
-        aborted_records_seen=len(everything) - len(committed),
+        aborted_records_seen=aborted,
     )
 
 
-def print_check(check: DemoCheck, truth: DemoTruth) -> None:
+def check_output(bootstrap: str, topic: str, truth: DemoTruth) -> DemoCheck:
+    from eos_ops.verify import read_topic
+
+    committed = read_topic(bootstrap, topic, read_committed=True)
+    everything = read_topic(bootstrap, topic, read_committed=False)
+    schema = avro_schema(OUTPUT_SCHEMA)
+    # window_start: timestamp-millis -> datetime (UTC)
+    rows = [from_avro_record(record.value, schema) for record in committed]
+    return _compare(rows, truth, len(everything) - len(committed))
+
+
+def check_table(dsn: str, table: str, truth: DemoTruth) -> DemoCheck:
+    """The table's rows, read with a plain query (no eos code), against the ground truth. Rows of
+    prepared transactions that are not committed yet are invisible: `aborted_records_seen` counts
+    the prepared transactions still waiting in the database instead (0 after a clean run)."""
+    from eos_ops.verify import prepared_transactions, read_table
+
+    rows = [row for _, row in read_table(dsn, table)]
+    return _compare(rows, truth, prepared_transactions(dsn))
+
+
+def print_check(check: DemoCheck, truth: DemoTruth, output: str = "output", first: bool = True) -> None:
     impressions = sum(c["impression"] for c in truth.expected.values())
     clicks = sum(c["click"] for c in truth.expected.values())
-    print(
-        f"input:  {truth.records_written} records = {truth.events} distinct events ({impressions} impressions, "
-        f"{clicks} clicks) + {truth.duplicates} duplicates + 1 heartbeat; {truth.late} events late"
-    )
-    print(f"output: {check.windows_seen} campaign-minute windows (expected {check.windows_expected})")
+    if first:
+        print(
+            f"input:  {truth.records_written} records = {truth.events} distinct events ({impressions} impressions, "
+            f"{clicks} clicks) + {truth.duplicates} duplicates + 1 heartbeat; {truth.late} events late"
+        )
+    print(f"{output}: {check.windows_seen} campaign-minute windows (expected {check.windows_expected})")
     for label, items in (
         ("duplicated windows", check.duplicated_windows),
         ("missing windows", check.missing_windows),
@@ -193,12 +214,29 @@ def print_check(check: DemoCheck, truth: DemoTruth) -> None:
         if items:
             print(f"  {label}: {len(items)}, e.g. {items[:3]}")
     verdict = "EXACTLY ONCE: every window matches the ground truth" if check.ok else "MISMATCH"
-    print(f"check:  {verdict}")
+    print(f"check ({output}):  {verdict}")
 
 
 # ---------------------------------------------------------------------------------------------
 # The demo
 # ---------------------------------------------------------------------------------------------
+
+
+def reset_table(dsn: str, table: str, pipeline: str, ledger_table: str = "eos_ledger") -> None:
+    """Drop the demo's table and forget the pipeline's ledger rows; first roll back the pipeline's
+    prepared transactions (an earlier demo killed mid-epoch), whose locks would block the drop."""
+    import psycopg
+    from psycopg import sql
+
+    from eos_connectors.postgres import ledger
+    from eos_connectors.postgres.sink import prepared_xacts
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for xact in prepared_xacts(conn, pipeline):
+            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(xact.gid)))
+        conn.execute("SET lock_timeout = '30s'")
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+        ledger.delete_pipeline(conn, ledger_table, pipeline)
 
 
 def reset_demo(bootstrap: str, checkpoint_dir: Path, ledger_topic: str) -> None:
@@ -216,6 +254,20 @@ def reset_demo(bootstrap: str, checkpoint_dir: Path, ledger_topic: str) -> None:
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
 
 
+def start_postgres(port: int, external: bool) -> str:
+    """The demo database's DSN: $EOS_PG_DSN (--external-postgres), or the local server's."""
+    if external:
+        dsn = os.environ.get("EOS_PG_DSN")
+        if not dsn:
+            raise EnvironmentProblem("--external-postgres needs EOS_PG_DSN (a libpq connection string)")
+        return dsn
+    from eos_ops.localpg import LocalPostgres
+
+    server = LocalPostgres(port=port)
+    server.start(progress=_say)
+    return server.dsn
+
+
 def run_demo(
     port: int = 9092,
     external_kafka: bool = False,
@@ -224,6 +276,8 @@ def run_demo(
     seed: int = 7,
     metrics_port: int | None = None,
     keep_running: bool = False,
+    pg_port: int = 5432,
+    external_postgres: bool = False,
 ) -> int:
     from eos.config import load_pipeline
     from eos.runner import RunOptions, run_config
@@ -236,14 +290,17 @@ def run_demo(
         from eos_ops.localkafka import LocalBroker
 
         bootstrap = LocalBroker(port=port).start(progress=_say).bootstrap
+    dsn = start_postgres(pg_port, external_postgres)
+    os.environ["EOS_PG_DSN"] = dsn
     os.environ["EOS_BOOTSTRAP"] = bootstrap
     os.environ.setdefault("EOS_CHECKPOINT_DIR", str(eos_home() / "demo" / "checkpoints"))
     pipeline_file = examples_dir() / "ad_attribution.yaml"
     config = load_pipeline(pipeline_file)
     checkpoint = Path(config.checkpoint_path(pipeline_file.parent))
 
-    _say(f"Resetting the demo topics and checkpoint ({checkpoint}) ...")
+    _say(f"Resetting the demo topics, table and checkpoint ({checkpoint}) ...")
     reset_demo(bootstrap, checkpoint, config.ledger_topic)
+    reset_table(dsn, OUTPUT_TABLE, config.name)
     create_topic(admin_client({"bootstrap.servers": bootstrap}), INPUT_TOPIC, 4)
     generated, truth = generate_events(events, seed)
     write_events(bootstrap, INPUT_TOPIC, generated)
@@ -258,10 +315,14 @@ def run_demo(
     _say(f"Pipeline done: {result.epochs_committed} epochs in {time.monotonic() - started:.1f} s.")
 
     check = check_output(bootstrap, OUTPUT_TOPIC, truth)
-    print_check(check, truth)
+    print_check(check, truth, f"topic {OUTPUT_TOPIC}")
+    table_check = check_table(dsn, OUTPUT_TABLE, truth)
+    print_check(table_check, truth, f"table {OUTPUT_TABLE}", first=False)
+    if table_check.aborted_records_seen:
+        print(f"  {table_check.aborted_records_seen} prepared transactions still wait in the database")
     if keep_running:
         keep_generating_and_running(bootstrap, config, pipeline_file.parent, master, metrics_port, seed)
-    return 0 if check.ok else 1
+    return 0 if check.ok and table_check.ok else 1
 
 
 def keep_generating_and_running(

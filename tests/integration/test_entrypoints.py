@@ -55,10 +55,13 @@ def test_secrets_never_reach_the_checkpoint_or_the_output(bootstrap, new_topic, 
             assert secret.encode() not in file.read_bytes(), f"the secret was written to {file}"
 
 
-def test_the_demo_output_matches_the_generators_ground_truth(bootstrap, tmp_path):
-    """`eos demo` on the test broker (smaller input): its own check compares every window of the
-    committed output with the counts the generator recorded; exit 0 only if all match."""
-    env = {"EOS_BOOTSTRAP": bootstrap, "EOS_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
-    finished = eos_subprocess("demo", "--external-kafka", "--events", "6000", env=env, timeout=600)
+def test_the_demo_output_matches_the_generators_ground_truth(bootstrap, postgres, tmp_path):
+    """`eos demo` on the test broker and PostgreSQL (smaller input): its own check compares every
+    window of the committed topic and of the table with the counts the generator recorded; exit 0
+    only if all match."""
+    env = {"EOS_BOOTSTRAP": bootstrap, "EOS_PG_DSN": postgres, "EOS_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
+    args = ("demo", "--external-kafka", "--external-postgres", "--events", "6000")
+    finished = eos_subprocess(*args, env=env, timeout=600)
     assert finished.returncode == 0, finished.output[-3000:]
-    assert "EXACTLY ONCE: every window matches the ground truth" in finished.output
+    for output in ("topic campaign-counts", "table campaign_counts"):
+        assert f"check ({output}):  EXACTLY ONCE: every window matches the ground truth" in finished.output

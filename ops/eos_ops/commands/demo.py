@@ -21,6 +21,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         seed=args.seed,
         metrics_port=args.metrics_port,
         keep_running=args.keep_running,
+        pg_port=args.pg_port,
+        external_postgres=args.external_postgres,
     )
 
 
@@ -28,12 +30,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser(
         "demo",
         help="run the ad-attribution demo end to end and check its output",
-        description="Start the local broker, write ad impressions and clicks (with duplicates and late "
-        "events), run examples/ad_attribution.yaml, and check the per-campaign, per-minute counts it "
-        "committed against the generator's ground truth. Exit 1 on any mismatch.",
+        description="Start the local broker and PostgreSQL server, write ad impressions and clicks (with "
+        "duplicates and late events), run examples/ad_attribution.yaml, and check the per-campaign, per-minute "
+        "counts it committed to a topic and to a table against the generator's ground truth. Exit 1 on any "
+        "mismatch.",
     )
     demo.add_argument("--port", type=int, default=9092, help="local broker port (9092)")
     demo.add_argument("--external-kafka", action="store_true", help="use $EOS_BOOTSTRAP instead of the local broker")
+    demo.add_argument("--pg-port", type=int, default=5432, help="local PostgreSQL port (5432)")
+    demo.add_argument(
+        "--external-postgres", action="store_true", help="use $EOS_PG_DSN instead of the local PostgreSQL server"
+    )
     demo.add_argument("--master", help="Spark master (default local[*])")
     demo.add_argument("--events", type=int, default=40_000, help="distinct ad events to generate (40000)")
     demo.add_argument("--seed", type=int, default=7, help="generator seed (7)")
