@@ -18,9 +18,11 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
-from eos.config import load_pipeline
+from eos.config import load_pipeline, parse_pipeline
 from eos.errors import CheckpointError, ConfigError
+from eos.model import redacted
 from eos.pipeline import connectors, pipeline_info
 from eos.protocol.coordinator import Coordinator
 from eos.protocol.decision import Decision, DriverInfo
@@ -123,6 +125,10 @@ def test_append_writes_every_record_once_and_recovery_commits_the_decided_epoch(
         assert row["records"] > 0 and row["written_at"] is not None
     assert sum(table_ids(postgres, table).values()) == 1200
     assert prepared_of(postgres, name) == []
+    password = conninfo_to_dict(postgres)["password"].encode()
+    for file in (tmp_path / "ck").rglob("*"):
+        if file.is_file():
+            assert password not in file.read_bytes(), f"the DSN's password was written to {file}"
 
     # A second run over the same checkpoint writes only what is new.
     more = produce_numbered(bootstrap, source, 1200, 300)
@@ -311,3 +317,28 @@ def test_gids_are_unambiguous_and_short_enough():
     assert not str(ids.Gid("ab", "c", "d", 0, 0, 1, 0, "r")).startswith(ids.pipeline_prefix("a"))
     with pytest.raises(ValueError):
         str(ids.Gid("p", "c/d", "s", 0, 0, 1, 0, "r"))
+
+
+def test_config_errors_name_the_line_and_never_show_the_dsn():
+    def problems(section: str) -> str:
+        text = (
+            "name: p\ncheckpoint: /tmp/ck\nsources:\n  - name: events\n    kafka: {bootstrap: b, topics: [t]}\n"
+            f"sinks:\n  - name: db\n    postgres: {section}\n"
+        )
+        with pytest.raises(ConfigError) as error:
+            parse_pipeline(text)
+        return str(error.value)
+
+    upsert = problems("{dsn: 'host=h password=pw1', table: t, mode: upsert}")
+    assert "<string>:8: sinks.0.postgres: mode: upsert needs `key: [columns]`" in upsert and "pw1" not in upsert
+    assert "`key` is the conflict target of mode: upsert" in problems("{dsn: 'host=h', table: t, key: [a]}")
+    bad = problems("{dsn: 'host=h password=pw1 nonsense', table: t}")
+    assert "not a libpq connection string" in bad and "pw1" not in bad
+    assert "1 to 63 characters" in problems("{dsn: 'host=h', table: t, columns: {'a.b': x}}")
+    config = parse_pipeline(
+        "name: p\ncheckpoint: /tmp/ck\nsources:\n  - name: events\n    kafka: {bootstrap: b, topics: [t]}\n"
+        "sinks:\n  - name: db\n    postgres: {dsn: 'postgresql://eos:pw2@h:5/d', table: t}\n"
+    )
+    shown = str(redacted(config))
+    assert "pw2" not in shown and "password=***" in shown
+    assert config.sinks[0].postgres.dsn == "postgresql://eos:pw2@h:5/d"  # the connector still has it

@@ -51,6 +51,20 @@ class PostgresSinkSection(Model):
 
         return masked_dsn(dsn)
 
+    @field_validator("dsn")
+    @classmethod
+    def _dsn(cls, dsn: str) -> str:
+        from psycopg import ProgrammingError
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            conninfo_to_dict(dsn)
+        except ProgrammingError:  # its message may quote the DSN: never shown
+            raise ValueError(
+                "not a libpq connection string ('host=... dbname=... user=...') or URI ('postgresql://...')"
+            ) from None
+        return dsn
+
     @field_validator("key")
     @classmethod
     def _key(cls, key: list[str] | None) -> list[str] | None:
