@@ -313,8 +313,9 @@ def test_gids_are_unambiguous_and_short_enough():
         1023, 2**62, 99999, 99999)  # fmt: skip
     # A shortened name never equals a real one, and no pipeline's prefix is another's.
     assert "~" in parsed.pipeline and ids.pipeline_prefix(long) != ids.pipeline_prefix(long[:-1])
-    assert not ids.pipeline_prefix("a").startswith(ids.pipeline_prefix("a.b")[:-1] + "/")
-    assert not str(ids.Gid("ab", "c", "d", 0, 0, 1, 0, "r")).startswith(ids.pipeline_prefix("a"))
+    for pipeline, other in (("ab", "a"), ("a", "a.b"), ("a.b", "a")):
+        assert not str(ids.Gid(pipeline, "c", "d", 0, 0, 1, 0, "r")).startswith(ids.pipeline_prefix(other))
+    assert str(ids.Gid("a", "c", "d", 0, 0, 1, 0, "r")).startswith(ids.pipeline_prefix("a"))
     with pytest.raises(ValueError):
         str(ids.Gid("p", "c/d", "s", 0, 0, 1, 0, "r"))
 
