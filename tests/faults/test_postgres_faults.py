@@ -68,7 +68,10 @@ def input_topic(bootstrap, admin) -> tuple[str, list[str]]:
     return topic, produce_numbered(bootstrap, topic, 0, RECORDS)
 
 
-def pipeline(name: str, kind: str, bootstrap: str, source: str, topic: str, dsn: str, table: str, ck: Path) -> dict:
+def pipeline(
+    name: str, kind: str, bootstrap: str, source: str, topic: str, dsn: str, table: str, ck: Path,
+    mode: str = "exactly-once",
+) -> dict:  # fmt: skip
     sinks: list[dict] = []
     if kind == "mixed":
         sinks.append(
@@ -87,7 +90,7 @@ def pipeline(name: str, kind: str, bootstrap: str, source: str, topic: str, dsn:
     return {
         "name": name,
         "checkpoint": str(ck),
-        "epochs": {"mode": "exactly-once", "trigger": "available-now", "slots": SLOTS, "timeout": "60s"},
+        "epochs": {"mode": mode, "trigger": "available-now", "slots": SLOTS, "timeout": "60s"},
         "sources": [
             {
                 "name": "events",
@@ -181,3 +184,26 @@ def test_kill_9_then_finish_pending(kind, point, bootstrap, new_topic, unique_na
     with psycopg.connect(postgres) as conn:
         assert prepared_xacts(conn, name) == []
     print(f"{kind} {point}: crashed run {crash_s:.0f} s, --finish-pending {restart_s:.0f} s; resolved {len(left)}")
+
+
+@pytest.mark.slow
+def test_negative_control_at_least_once_duplicates_are_caught(bootstrap, unique_name, postgres, input_topic, tmp_path):
+    """The same crash without the protocol: slot 0 of epoch 1 committed its rows, then kill -9; the
+    restart replays the whole epoch and writes them again. `eos verify` and the plain query must
+    both see the duplicates: the checks above can fail."""
+    source, sent = input_topic
+    name = unique_name("p")
+    table = name.replace("-", "_").lower()[:60]
+    config = pipeline(name, "pg", bootstrap, source, "", postgres, table, tmp_path / "ck", mode="at-least-once")
+    path = write_pipeline(tmp_path, config)
+    crashed = eos_subprocess("run", str(path), "--failpoint", "sink.between_commits=kill@epoch=1,slot=0")
+    assert crashed.killed and "kill -9 at sink.between_commits" in crashed.output, crashed.output[-3000:]
+    finished = eos_subprocess("run", str(path), "--finish-pending")
+    assert finished.returncode == 0, finished.output[-3000:]
+    seen = Counter(table_ids(postgres, table))
+    duplicated = {value for value, n in seen.items() if n > 1}
+    assert set(seen) == set(sent) and duplicated, "at-least-once never loses; this crash must duplicate"
+    report = eos_verify(
+        "--bootstrap", bootstrap, "--input", source, "--output-table", table, "--dsn", postgres, "--output-id", "id"
+    )
+    assert not report["ok"] and report["lost"] == 0 and report["duplicated"] == len(duplicated), report

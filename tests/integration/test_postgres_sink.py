@@ -20,6 +20,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from eos.cli import main as eos_main
 from eos.config import load_pipeline, parse_pipeline
 from eos.errors import CheckpointError, ConfigError
 from eos.model import redacted
@@ -135,6 +136,10 @@ def test_append_writes_every_record_once_and_recovery_commits_the_decided_epoch(
     run_in_process(spark, path)
     assert_exactly_once(sent + more, table_ids(postgres, table))
     assert prepared_of(postgres, name) == []
+
+    # `eos reset` forgets the sink's ledger rows (the table keeps its rows).
+    assert eos_main(["reset", str(path), "--yes"]) == 0
+    assert ledger_rows(postgres, name) == [] and sum(table_ids(postgres, table).values()) == 1500
 
 
 def test_upsert_keeps_one_row_per_key_with_the_latest_totals(
@@ -343,3 +348,42 @@ def test_config_errors_name_the_line_and_never_show_the_dsn():
     shown = str(redacted(config))
     assert "pw2" not in shown and "password=***" in shown
     assert config.sinks[0].postgres.dsn == "postgresql://eos:pw2@h:5/d"  # the connector still has it
+
+
+def test_copy_input_round_trips_tricky_values(postgres):
+    """What the writer sends COPY (Arrow's CSV, see db.csv_bytes) reads back as the same values:
+    NULL vs empty string, quotes, commas and newlines in text, NaN and infinities, timestamps in
+    any zone, binary, decimals, nested values as JSON."""
+    import datetime as dt
+    import decimal
+    import math
+
+    import pyarrow as pa
+
+    from eos_connectors.postgres.db import csv_bytes
+
+    berlin = dt.timezone(dt.timedelta(hours=1))
+    values = {
+        "s": pa.array(["a", "", None, 'x,"y"\nz'], pa.string()),
+        "f": pa.array([1.5, float("nan"), float("inf"), None], pa.float64()),
+        "ts": pa.array([dt.datetime(2026, 1, 1, 1, tzinfo=berlin)] * 3 + [None], pa.timestamp("us", tz="+01:00")),
+        "b": pa.array([b"\x00\xff", b"", None, b"a"], pa.binary()),
+        "d": pa.array(
+            [decimal.Decimal("1.25"), None, decimal.Decimal("-3.00"), decimal.Decimal("0")], pa.decimal128(8, 2)
+        ),
+        "l": pa.array([[1, 2], [], None, [3]], pa.list_(pa.int64())),
+    }
+    batch = pa.RecordBatch.from_pydict(values)
+    table = f"copy_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (s text, f double precision, ts timestamptz, b bytea, d numeric(8,2), "
+                             "l jsonb)").format(sql.Identifier(table)))  # fmt: skip
+        with conn.cursor().copy(sql.SQL("COPY {} FROM STDIN (FORMAT csv)").format(sql.Identifier(table))) as copy:
+            copy.write(csv_bytes(batch))
+        rows = conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(table))).fetchall()
+    assert [r[0] for r in rows] == ["a", "", None, 'x,"y"\nz']
+    assert rows[0][1] == 1.5 and math.isnan(rows[1][1]) and rows[2][1] == math.inf and rows[3][1] is None
+    assert rows[0][2] == dt.datetime(2026, 1, 1, 0, tzinfo=dt.timezone.utc) and rows[3][2] is None
+    assert [r[3] for r in rows] == [b"\x00\xff", b"", None, b"a"]
+    assert [r[4] for r in rows] == [decimal.Decimal("1.25"), None, decimal.Decimal("-3.00"), decimal.Decimal("0.00")]
+    assert [r[5] for r in rows] == [[1, 2], [], None, [3]]
