@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -65,7 +66,11 @@ DAEMON_SETTINGS = {
     # how long a hung or partitioned worker (no heartbeats, connection still open) counts as alive.
     # Spark's default is 60 s.
     "spark.worker.timeout": "20",
+    # A taken port fails the daemon (and start() picks others) instead of Spark silently binding
+    # port+1, which would leave cluster.json and the master URL wrong.
+    "spark.port.maxRetries": "0",
 }
+PORT_ATTEMPTS = 3
 
 # JVM options of the master and workers: control-plane processes with little work, so the C1
 # compiler alone and the serial collector suffice. Measured on a loaded 2-core machine, they
@@ -134,26 +139,41 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (and of bind to port 0)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_ports(host: str, count: int, avoid: Iterable[int] = ()) -> list[int]:
-    """`count` distinct free TCP ports on `host`, none of them in `avoid`."""
+    """`count` distinct free TCP ports on `host`, none of them in `avoid`.
+
+    Chosen below the ephemeral range when there is room: a port picked now is bound by a JVM
+    seconds later, and in between any outgoing connection on the machine may take an ephemeral
+    port as its local one."""
     taken = set(avoid)
+    low, _ = ephemeral_range()
+    pool = range(10000, low) if low - 10000 > 1000 else range(low, 65536)
     ports: list[int] = []
-    while len(ports) < count:
-        with socket.socket() as sock:
-            sock.bind((host, 0))
-            port = sock.getsockname()[1]
-        if port not in taken:
+    for _ in range(20 * count + 100):
+        port = random.choice(pool)
+        if port not in taken and port_is_free(host, port):
             taken.add(port)
             ports.append(port)
-    return ports
+            if len(ports) == count:
+                return ports
+    raise EnvironmentProblem(f"could not find {count} free TCP ports on {host}")
 
 
-def port_answers(host: str, port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+class PortTaken(EnvironmentProblem):
+    """A daemon could not bind its port: another process took it after it was chosen."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.name = name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,6 +461,9 @@ class LocalSparkCluster:
         proc = self._procs.get(name)
         if proc is not None and proc.poll() is not None:
             self.pid_file(name).unlink(missing_ok=True)
+            last_run = self.log_file(name).read_text(errors="replace").rsplit("\n=== ", 1)[-1]
+            if re.search(r"Address already in use|could not bind|BindException", last_run):
+                raise PortTaken(name, f"the Spark {name} could not bind its port:\n{tail(self.log_file(name), 10)}")
             raise EnvironmentProblem(
                 f"the Spark {name} exited with code {proc.returncode} during start-up. "
                 f"Last lines of {self.log_file(name)}:\n{tail(self.log_file(name))}"
@@ -500,7 +523,14 @@ class LocalSparkCluster:
         started = time.monotonic()
         if self.master_pid() is None:
             check_java()
-            self._start_master(timeout, progress)
+            for attempt in range(PORT_ATTEMPTS):
+                try:
+                    self._start_master(timeout, progress)
+                    break
+                except PortTaken:
+                    if attempt == PORT_ATTEMPTS - 1:
+                        raise
+                    progress("The Spark master's port was taken meanwhile; trying other ports.")
         else:
             recorded = len(self._worker_ports())
             if recorded != self.workers:
@@ -510,8 +540,7 @@ class LocalSparkCluster:
                 )
             progress(f"Spark master already running at {self.master_url} (pid {self.master_pid()}).")
         to_start = [index for index in range(self.workers) if self.worker_pid(index) is None]
-        for index in to_start:
-            self._start_worker(index, progress)
+        self._start_workers(to_start, timeout, progress)
         self.wait_for_workers(range(self.workers), timeout)
         elapsed = time.monotonic() - started
         if to_start:
@@ -546,9 +575,10 @@ class LocalSparkCluster:
             [MASTER_CLASS, "--host", self.host, "--port", str(port), "--webui-port", str(webui_port)],
         )
         progress(f"Starting the Spark master (pid {proc.pid}) at {self.master_url}, UI {self.webui} ...")
-        # Workers that find no master wait 5-15 s before retrying, so they start only once it listens.
+        # Workers that find no master wait 5-15 s before retrying, so they start only once it leads.
+        # (Its JSON, not its RPC port, is polled: every probe of the port is a "disassociated" log line.)
         deadline = time.monotonic() + timeout
-        while not (port_answers(self.host, port) and self.master_json() is not None):
+        while (self.master_json() or {}).get("status") != "ALIVE":
             self._check_started("master")
             if time.monotonic() > deadline:
                 self.stop()
@@ -558,11 +588,26 @@ class LocalSparkCluster:
                 )
             time.sleep(0.1)
 
-    def _start_worker(self, index: int, progress: Progress) -> None:
+    def _start_workers(self, indices: Sequence[int], timeout: float, progress: Progress) -> None:
+        """Starts workers and waits until they are ALIVE; one whose port was taken meanwhile is
+        started again on other ports."""
+        for index in indices:
+            self._start_worker(index, progress)
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                self.wait_for_workers(indices, timeout)
+                return
+            except PortTaken as taken:
+                if attempt == PORT_ATTEMPTS - 1 or not taken.name.startswith("worker-"):
+                    raise
+                progress(f"The port of Spark {taken.name} was taken meanwhile; trying other ports.")
+                self._start_worker(int(taken.name.split("-")[1]), progress, fresh_ports=True)
+
+    def _start_worker(self, index: int, progress: Progress, fresh_ports: bool = False) -> None:
         ports = self._worker_ports()[index]
         taken = {self.master_port, self.master_webui_port} | {p for w in self._worker_ports() for p in w.values()}
         for key in ("port", "webui_port"):
-            if not port_is_free(self.host, ports[key]):
+            if fresh_ports or not port_is_free(self.host, ports[key]):
                 ports[key] = free_ports(self.host, 1, avoid=taken)[0]
                 taken.add(ports[key])
         self._state["workers"][index] = ports
@@ -584,7 +629,7 @@ class LocalSparkCluster:
         """(Re)starts worker `index` and waits until the master reports it ALIVE; returns its pid."""
         self._require_master()
         if self.worker_pid(index) is None:
-            self._start_worker(index, progress)
+            self._start_workers([index], timeout, progress)
         self.wait_for_workers([index], timeout)
         pid = self.worker_pid(index)
         assert pid is not None
