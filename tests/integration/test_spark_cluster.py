@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from eos_ops.sparkcluster import LocalSparkCluster, SparkSubmit, alive
+from eos_ops.sparkcluster import QUICK_START_CONF, LocalSparkCluster, SparkSubmit, alive
 
 from tests.support_spark_cluster import start_spark_cluster_under_test
 
@@ -28,6 +28,9 @@ pytestmark = pytest.mark.slow
 APP = Path(__file__).resolve().parents[1] / "apps" / "cluster_probe.py"
 ROWS, PARTITIONS, KILL_ROUND_SLEEP_S = 4000, 4, 3.0
 APP_TIMEOUT_S = 200.0
+# Quick-starting JVMs (C1 only; JVM start-up dominates this module), and the first job waits for
+# both executors even when starting them takes long on a loaded machine.
+APP_CONF = {**QUICK_START_CONF, "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s"}
 
 
 @dataclass
@@ -67,7 +70,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSparkClus
 def probe(cluster: LocalSparkCluster, tmp_path_factory: pytest.TempPathFactory) -> ProbeRun:
     out = tmp_path_factory.mktemp("probe")
     rounds = ["--round", "probe:0.2:linger", "--round", f"kill:{KILL_ROUND_SLEEP_S}:wait"]
-    popen = cluster.submit(APP, ["--out", str(out), "--rows", str(ROWS), "--partitions", str(PARTITIONS), *rounds])
+    args = ["--out", str(out), "--rows", str(ROWS), "--partitions", str(PARTITIONS), *rounds]
+    popen = cluster.submit(APP, args, conf=APP_CONF)
     return ProbeRun(popen, out)
 
 
