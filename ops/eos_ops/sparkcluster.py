@@ -787,13 +787,17 @@ class LocalSparkCluster:
         return status
 
     def _leftovers(self) -> list[int]:
-        """Processes of this cluster not tracked by a pid file: executors (and their Python
-        workers) whose working folder lies under a worker's --work-dir."""
+        """Processes of this cluster not tracked by a pid file: executors and their Python daemons
+        and workers whose working folder lies under a worker's --work-dir (e.g. orphaned by a killed
+        worker). Only Spark's own: a user's shell that cd'ed there to read a log is left alone."""
         roots = [self.worker_dir(index) for index in range(len(self._worker_ports()))]
         found = []
         for pid in _pids():
             cwd = _cwd(pid)
-            if pid != os.getpid() and cwd is not None and any(cwd.is_relative_to(root) for root in roots):
+            if pid == os.getpid() or cwd is None or not any(cwd.is_relative_to(root) for root in roots):
+                continue
+            cmdline = " ".join(_cmdline(pid))
+            if EXECUTOR_CLASS in cmdline or "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
                 found.append(pid)
         return found
 
