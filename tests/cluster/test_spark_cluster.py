@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from eos_ops.sparkcluster import QUICK_START_CONF, LocalSparkCluster, SparkSubmit, alive
 
+from eos_ops.sparkcluster import QUICK_START_CONF, LocalSparkCluster, SparkSubmit, alive
 from tests.support_spark_cluster import start_spark_cluster_under_test
 
 pytestmark = pytest.mark.slow
