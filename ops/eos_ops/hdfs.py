@@ -43,6 +43,17 @@ ROLES = tuple(MAIN_CLASS)  # start order: the DataNode registers with the NameNo
 WEB_APPS = ("hdfs", "datanode", "static")
 SERVICE = "the local HDFS"
 
+# Hadoop client settings (for a Spark session: prefix each key with "spark.hadoop.") that let a
+# client ride out a NameNode restart. By default the HDFS client does not retry its NameNode
+# calls: with the NameNode down an operation fails at once (ConnectException, or EOFException on
+# a connection the NameNode dropped), and a write while it is still in safe mode fails with
+# SafeModeException. With the retry policy on, both are retried: every ~1 s (randomised +-50%),
+# up to 120 times. Measured in tests/integration/test_hdfs.py.
+RESTART_TOLERANT_CLIENT = {
+    "dfs.client.retry.policy.enabled": "true",
+    "dfs.client.retry.policy.spec": "1000,120",
+}
+
 
 def hadoop_ops_dir() -> Path:
     return ops_dir() / "hadoop"
