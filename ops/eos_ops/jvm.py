@@ -94,6 +94,8 @@ def fetch_jars(pom: Path, cache_root: Path, what: str, progress: Progress = quie
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            cache.rmdir()  # only if empty: no cache folder for a pom that never resolved
         raise _maven_failed(what, cmd, (result.stdout + result.stderr).strip())
     if libs.exists():
         shutil.rmtree(libs)
@@ -105,7 +107,8 @@ def fetch_jars(pom: Path, cache_root: Path, what: str, progress: Progress = quie
 
 
 def _maven_failed(what: str, cmd: list[str], output: str) -> EnvironmentProblem:
-    offline = re.search(r"Could not (transfer|resolve)|UnknownHost|offline|Connection refused", output)
+    # "could not be resolved" alone also means a wrong coordinate; only network failures say offline.
+    offline = re.search(r"Could not transfer|UnknownHost|offline|Connection refused|Network is unreachable", output)
     return EnvironmentProblem(
         f"Maven could not fetch the {what} jars"
         + (" (Maven Central unreachable: are you offline?)" if offline else "")
