@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from eos_ops.hdfs import RESTART_TOLERANT_CLIENT, LocalHdfs, hadoop_version
 
+from eos_ops.hdfs import RESTART_TOLERANT_CLIENT, LocalHdfs, hadoop_version
 from tests.support_hdfs import missing_classes, start_hdfs_under_test
 
 pytestmark = pytest.mark.slow
