@@ -13,7 +13,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 
 from eos_ops.hdfs import RESTART_TOLERANT_CLIENT, LocalHdfs, hadoop_version
-from tests.support_hdfs import missing_classes, start_hdfs_under_test
+from tests.support_hdfs import missing_classes
 
 pytestmark = pytest.mark.slow
 
@@ -29,18 +28,10 @@ CHECKPOINT_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
 
 
 @pytest.fixture(scope="module")
-def hdfs_and_spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalHdfs, Any]]:
-    """The HDFS starts in the background while Spark starts: two cold JVM starts, overlapped."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        starting = pool.submit(start_hdfs_under_test, tmp_path_factory.mktemp("hdfs"))
-        try:
-            with spark_for_hdfs() as session:
-                _, local, _ = starting.result()
-                yield local, session
-        finally:
-            if starting.exception() is None:  # waits for the start; a failed start cleaned up already
-                _, _, close = starting.result()
-                close()
+def hdfs_and_spark(hdfs: LocalHdfs) -> Iterator[tuple[LocalHdfs, Any]]:
+    """The session's HDFS (tests/cluster/conftest.py) and a Spark session set up for hdfs://."""
+    with spark_for_hdfs() as session:
+        yield hdfs, session
 
 
 @contextmanager
@@ -67,11 +58,6 @@ def spark_for_hdfs() -> Iterator[Any]:
             session.conf.set(CHECKPOINT_MANAGER_KEY, local_manager)
         if not existed:
             session.stop()
-
-
-@pytest.fixture(scope="module")
-def hdfs(hdfs_and_spark: tuple[LocalHdfs, Any]) -> LocalHdfs:
-    return hdfs_and_spark[0]
 
 
 @pytest.fixture(scope="module")
