@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from eos.failpoints import release
 from eos_connectors.kafka.clients import create_topic
 from tests.faults.test_fault_matrix import eos_verify, run_until_done
 from tests.pipelines import (
