@@ -717,6 +717,7 @@ class LocalCluster:
         """One transactional producer initialises: __transaction_state is created on first use, with
         replication factor 3, and its coordinator answers."""
         from confluent_kafka import KafkaException
+
         from eos_connectors.kafka.clients import producer
 
         client = producer({"bootstrap.servers": self.bootstrap, "transactional.id": READY_TRANSACTIONAL_ID})
