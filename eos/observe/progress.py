@@ -183,7 +183,7 @@ class ProgressPrinter(EpochListener):
             if progress is not None:
                 consumed = sum(self.lag.on_progress(progress).values())
                 # The lag after this epoch, not before it: its query runs on the monitor thread.
-                self.lag.wait_fresh(timeout_s=1.0)
+                self.lag.wait_fresh(timeout_s=2.0)
             lag = self.lag.total()
         exactly_once = self.tracker.exactly_once if self.tracker is not None else True
         line = epoch_line(report, progress, lag, consumed, exactly_once)
