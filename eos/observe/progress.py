@@ -55,7 +55,7 @@ def epoch_line(
     leased = [w for slot in report.slots for w in slot.sinks.values() if w.prepared is not None and exactly_once]
     reused = sum(1 for w in leased if w.reused)
     extras = []
-    if report.replay_skipped or report.skipped_slots:
+    if any(report.replay_skipped.values()) or report.skipped_slots:
         extras.append(f"replay: {report.skipped_slots} slot(s) already committed, skipped")
     if report.counted_only:
         extras.append(f"poison skipped: {sum(report.counted_only.values())}")
