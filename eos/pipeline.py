@@ -87,7 +87,8 @@ def build(
         if watermark is not None:
             if watermark.column not in view.columns:
                 raise ConfigError(
-                    f"source {source.name}: watermark column {watermark.column!r} is not one of {', '.join(view.columns)}"
+                    f"source {source.name}: watermark column {watermark.column!r} is not one of "
+                    f"{', '.join(view.columns)}"
                 )
             view = view.withWatermark(watermark.column, f"{int(watermark.delay * 1000)} milliseconds")
         view.createOrReplaceTempView(source.name)

@@ -69,6 +69,36 @@ def passthrough_pipeline(
     return config
 
 
+def fence_and_read_ledger(path: Path) -> dict:
+    """What recovery does before reading the ledger (fence every transactional id of the stopped
+    pipeline, resolve prepared transactions), then the ledger: for tests that inspect it while a
+    pre-committed transaction may still hold the ledger topic's last stable offset."""
+    from eos.pipeline import connectors, pipeline_info
+    from eos.protocol import recovery
+    from eos.protocol.checkpoint import Checkpoint
+
+    config = load_pipeline(path)
+    checkpoint = Checkpoint(config.checkpoint_path(path.parent))
+    meta = checkpoint.read_meta()
+    assert meta is not None, f"{checkpoint.uri} has no eos metadata"
+    found = connectors(config, pipeline_info(config, meta.checkpoint_id, path.parent))
+    control = found.sources[0].control_log()
+    try:
+        pools = _control_pools(control)
+        report = recovery.recover(found.sinks, pools, control.decision(), checkpoint, meta.checkpoint_id, 60, "test")
+    finally:
+        control.close()
+    return report.ledger
+
+
+def _control_pools(control: Any) -> dict:
+    """The pools recorded in the control log, read without taking the pipeline over."""
+    from eos.protocol.decision import Pool
+
+    records = control._read(wait_s=30)
+    return {name: Pool(**pool) for name, pool in records.get("pools", {}).get("pools", {}).items()}
+
+
 def produce_numbered(bootstrap: str, topic: str, start: int, count: int, keys: int = 97) -> list[str]:
     """Records 'rec-<i>' with keys 'k<i % keys>'; returns the values written."""
     out = producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,32 @@ def start_local_broker(workdir: Path, heap: str = "512m") -> KafkaUnderTest:
     under_test = KafkaUnderTest(broker.bootstrap, "local", lambda: broker.stop(kill=False))
     under_test.broker = broker  # type: ignore[attr-defined]
     return under_test
+
+
+@dataclass
+class ClusterUnderTest:
+    """The local three-node KRaft cluster: `bootstrap` (all three brokers) for clients, `cluster` (an
+    eos_ops.localkafka.LocalCluster) for fault injection: kill, pause, resume, restart, and who leads."""
+
+    bootstrap: str
+    cluster: Any
+    start_seconds: float
+
+    def close(self) -> None:
+        self.cluster.stop()
+
+
+def start_kafka_cluster_under_test(workdir: Path, heap: str = "384m") -> ClusterUnderTest:
+    """Start a LocalCluster in `workdir` on free ports. Always the embedded cluster, never
+    EOS_KAFKA_BOOTSTRAP or a container: fault injection needs the nodes' processes at hand."""
+    import time
+
+    from eos_ops.localkafka import LocalCluster, free_port
+
+    cluster = LocalCluster(port=free_port(span=6), data_dir=workdir / "cluster", heap=heap)
+    started = time.monotonic()
+    cluster.start(progress=print)
+    return ClusterUnderTest(cluster.bootstrap, cluster, time.monotonic() - started)
 
 
 def read_all(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Any]:
@@ -111,3 +139,25 @@ def independent_committed_values(bootstrap: str, topic: str, timeout_s: float = 
         return values
     finally:
         reader.close()
+
+
+def wait_for_topic(admin, topic: str, partitions: int) -> dict:
+    """The topic's partition metadata once every partition has a leader: CreateTopics returns when the
+    controller has committed the topic, and brokers learn of it a moment later."""
+
+    def described():
+        found = admin.list_topics(topic, timeout=10).topics.get(topic)
+        ready = found is not None and found.error is None and len(found.partitions) == partitions
+        return found.partitions if ready and all(p.leader >= 0 for p in found.partitions.values()) else None
+
+    return wait_for(described, 30, f"topic {topic} in the metadata")
+
+
+def wait_for(check: Callable[[], object], timeout: float, what: str) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(0.1)

@@ -110,7 +110,9 @@ class _HadoopFiles:
         return bytes(data).decode()
 
     def write_atomic(self, rel: str, text: str) -> None:
-        stream = self.manager.createAtomic(self._path(rel), True)
+        path = self._path(rel)
+        self.manager.mkdirs(path.getParent())
+        stream = self.manager.createAtomic(path, True)
         try:
             stream.write(bytearray(text.encode()))
             stream.close()

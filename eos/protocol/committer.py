@@ -166,7 +166,7 @@ class EpochCommitter:
                 typed = exc if isinstance(exc, EosError) else from_spark(exc)
                 if isinstance(typed, Permanent):
                     self._emit("on_epoch_aborted", epoch, attempt, reason, False)
-                    raise typed from None
+                    raise type(typed)(f"epoch {epoch}: {typed.message}", typed.hint) from None
                 if not isinstance(exc, Exception):
                     raise
                 self.consecutive_failures += 1

@@ -67,12 +67,20 @@ class Vote:
 
 
 @dataclass
+class Pool:
+    size: int = 0
+    owner: dict[int, str] = field(default_factory=dict)  # id -> worker process that initialised it
+    busy: set[int] = field(default_factory=set)  # ids holding an open transaction
+
+
+@dataclass
 class AttemptState:
     epoch: int
     attempt: int
     deadline: float
     votes: dict[tuple[str, str], Vote] = field(default_factory=dict)  # (sink, handle) -> vote
     released: set[tuple[str, str]] = field(default_factory=set)  # told to commit
+    leases: dict[tuple[str, int], Pool] = field(default_factory=dict)  # granted in this attempt, from that pool
     closed: str | None = None  # why the attempt ended; undecided votes are aborted
     opened_at: float = field(default_factory=time.monotonic)
 
@@ -82,13 +90,6 @@ class AttemptState:
         if self.closed is not None:
             return ABORT, self.closed
         return None, ""
-
-
-@dataclass
-class Pool:
-    size: int = 0
-    owner: dict[int, str] = field(default_factory=dict)  # id -> worker process that initialised it
-    busy: set[int] = field(default_factory=set)  # ids holding an open transaction
 
 
 class Coordinator:
@@ -173,7 +174,8 @@ class Coordinator:
                     return []
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    missing = [f"{k[0]} {k[1]}" for k, v in zip(keys, votes, strict=True) if v is None or not v.committed]
+                    pending = zip(keys, votes, strict=True)
+                    missing = [f"{k[0]} {k[1]}" for k, v in pending if v is None or not v.committed]
                     return [f"no commit report within {timeout_s:.0f} s from {', '.join(missing)}"]
                 self._lock.wait(remaining)
 
@@ -214,11 +216,11 @@ class Coordinator:
         key = (int(request["epoch"]), int(request["attempt"]))
         with self._lock:
             state = self._attempts.get(key)
-            if state is None or (state.closed and op != "committed"):
+            if state is None or (state.closed and op not in ("committed", "commit_failed")):
                 reason = state.closed if state else "is not current"
                 return {"decision": ABORT, "error": f"epoch {key[0]} attempt {key[1]}: {reason}"}
             if op == "lease":
-                return self._lease(request)
+                return self._lease(state, request)
             vote_key = (request["sink"], request["handle"])
             if op == "prepared":
                 return self._await_decision(state, vote_key, request)
@@ -227,7 +229,7 @@ class Coordinator:
                 if vote is not None:
                     vote.committed = op == "committed"
                     vote.error = request.get("error", "") if op == "commit_failed" else ""
-                    self._free(vote.sink, vote.lease)
+                    self._free(state, vote.sink, vote.lease)
                 self._lock.notify_all()
                 return {"ok": True}
         return {"decision": ABORT, "error": f"unexpected request {op!r}"}
@@ -241,7 +243,7 @@ class Coordinator:
             if decision is not None:
                 vote.decision, vote.reason = decision, reason
                 if decision == ABORT:
-                    self._free(vote.sink, vote.lease)
+                    self._free(state, vote.sink, vote.lease)
                 return {"decision": decision, "reason": reason}
             remaining = state.deadline - time.monotonic()
             if remaining <= 0:
@@ -249,7 +251,7 @@ class Coordinator:
                 continue
             self._lock.wait(remaining)
 
-    def _lease(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _lease(self, state: AttemptState, request: dict[str, Any]) -> dict[str, Any]:
         sink, worker = request["sink"], request["worker"]
         pool = self._pools.setdefault(sink, Pool())
         idle = [int(n) for n in request.get("idle", [])]
@@ -257,6 +259,7 @@ class Coordinator:
         for n in idle:
             if n not in stale and n not in pool.busy:
                 pool.busy.add(n)
+                state.leases[(sink, n)] = pool
                 return {"number": n, "fresh": False, "stale": stale}
         free = [n for n in range(pool.size) if n not in pool.busy]
         unowned = [n for n in free if n not in pool.owner]
@@ -270,19 +273,25 @@ class Coordinator:
         number = (unowned or free)[0]
         pool.owner[number] = worker
         pool.busy.add(number)
+        state.leases[(sink, number)] = pool
         return {"number": number, "fresh": True, "stale": stale}
 
     def pool_sizes_unlocked(self) -> dict[str, int]:
         return {sink: pool.size for sink, pool in self._pools.items()}
 
-    def _free(self, sink: str, lease: int | None) -> None:
-        if lease is not None and sink in self._pools:
-            self._pools[sink].busy.discard(lease)
+    def _free(self, state: AttemptState, sink: str, lease: int | None) -> None:
+        """Free an id this attempt leased, in the pool it leased it from: after a recovery the
+        pools are new, and a late report of an old attempt must not free an id leased since."""
+        pool = state.leases.get((sink, lease)) if lease is not None else None
+        if pool is not None and pool is self._pools.get(sink):
+            pool.busy.discard(lease)
 
     def _release_leases(self, state: AttemptState) -> None:
-        for vote in state.votes.values():
-            if vote.decision == ABORT or (vote.decision is None and state.closed):
-                self._free(vote.sink, vote.lease)
+        """The attempt is over: its ids are free again, but those still committing (told to
+        commit, no report yet): their owner frees them with its report."""
+        committing = {(v.sink, v.lease) for k, v in state.votes.items() if k in state.released and not v.committed}
+        for sink, number in set(state.leases) - committing:
+            self._free(state, sink, number)
 
 
 # ---------------------------------------------------------------------------------------------

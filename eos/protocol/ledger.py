@@ -91,7 +91,8 @@ def committed_slots(ledger: Ledger, epoch: int, offsets: str, config: str) -> fr
                 f"sink {entry.sink} slot {entry.slot} committed epoch {entry.epoch}, but Spark is now running epoch "
                 f"{epoch}: the checkpoint's offset log was rewound (files deleted or restored from a backup). "
                 "Running on would write those epochs' input a second time.",
-                hint="restore the checkpoint's newest state; or, to start over deliberately, `eos reset PIPELINE --yes`",
+                hint="restore the checkpoint's newest state; or, to start over deliberately, "
+                "`eos reset PIPELINE --yes`",
             )
         if entry.offsets != offsets:
             raise CheckpointError(

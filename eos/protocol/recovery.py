@@ -30,7 +30,6 @@ from eos.protocol.ledger import Ledger, check_against_checkpoint
 from eos.protocol.report import RecoveryReport
 from eos.protocol.sink import Recovery, SinkConnector
 
-
 log = logging.getLogger("eos.recovery")
 
 

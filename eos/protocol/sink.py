@@ -209,6 +209,10 @@ class SinkConnector(ABC):
     def discard(self, prepared: list[Prepared]) -> None:  # noqa: B027 - optional
         """Abort pre-commits that will never be committed (their task was retried)."""
 
+    @abstractmethod
+    def forget(self) -> None:
+        """`eos reset`: delete this sink's ledger entries (its output stays where it is)."""
+
     def lingering(self) -> list[str]:
         """For `eos status`: transactions of this pipeline left open in the system."""
         return []

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -187,6 +188,9 @@ def _await_and_commit(ctx: TaskContext, vote: VoteClient, writer: SlotWriter, pr
         try:
             writer.commit()
         except Exception as exc:
+            # In the executor's log: a zombie that wakes up after a newer attempt fenced its
+            # transactional id ends here, and nothing it wrote becomes visible.
+            print(f"eos: commit of {prepared.handle} refused: {exc}", file=sys.stderr, flush=True)
             vote.request("commit_failed", **fields, error=f"{type(exc).__name__}: {exc}"[:500])
             return
         ctx.hit("sink.between_commits")

@@ -173,7 +173,7 @@ class Soak:
         broker bounced mid-run). Returns the run's exit code and whether the fault happened."""
         epoch = self._target_epoch()
         args = ["run", str(path), "-q"]
-        fired_dir = self.workdir / "checkpoint" / "_eos" / "failpoints"
+        fired_dir = self.workdir / "checkpoint" / "_eos" / "scratch" / "failpoints"
         # Failpoints fire `times` times across restarts; every soak run arms a fresh one.
         shutil.rmtree(fired_dir, ignore_errors=True)
         if fault in ("kill", "raise"):

@@ -204,14 +204,6 @@ def test_corrupt_spark_offset_log_is_refused(bootstrap, used_checkpoint):
     assert_nothing_written(bootstrap, used_checkpoint["sink"], used_checkpoint["before"])
 
 
-def test_changed_slot_count_is_refused(bootstrap, used_checkpoint):
-    epochs = {**used_checkpoint["config"]["epochs"], "slots": 1}
-    message = rerun(used_checkpoint, "a5", epochs=epochs)
-    assert "was created with 2 sink slots; the pipeline now asks for 1" in message
-    assert "eos rescale" in message
-    assert_nothing_written(bootstrap, used_checkpoint["sink"], used_checkpoint["before"])
-
-
 def _topic_exists(bootstrap: str, topic: str) -> bool:
     from eos_connectors.kafka.clients import admin_client
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from eos.config import FormatConfig
 from eos.errors import ConfigError
 from eos_connectors.formats import avro
 from eos_connectors.formats.avro_schema import arrow_types, load_avsc, spark_type
+from eos_connectors.formats.config import FormatConfig
 from eos_connectors.formats.registry import FileRegistry, wire_header
 
 EVERYTHING = {
@@ -270,8 +270,8 @@ def test_registry_folder_missing_is_not_blamed_on_records(spark, tmp_path):
 
 
 def test_sink_value_must_fit_the_record_schema(spark, tmp_path):
-    from eos.config import SinkConfig
-    from eos_connectors.formats import encode_sink
+    from eos_connectors.formats.encode import sink_columns
+    from eos_connectors.kafka.config import KafkaSinkEntry
 
     schema = {
         "type": "record",
@@ -280,17 +280,20 @@ def test_sink_value_must_fit_the_record_schema(spark, tmp_path):
     }
     path = write_schema(tmp_path, "out.avsc", schema)
     view = spark.createDataFrame([(1, "x", 2.0)], "a int, b string, c double")
-    sink = SinkConfig.model_validate(
+    sink = KafkaSinkEntry.model_validate(
         {"name": "out", "kafka": {"bootstrap": "x:1", "topic": "t"}, "value_format": {"type": "avro", "schema": path}}
     )
     with pytest.raises(
         ConfigError, match=r"sink out: value_format: value: the value does not fit schema Out .*: not in the schema: c"
     ):
-        encode_sink(view, sink)
-    # Fields matched by name (and cast: a is INT in Spark, long in Avro), in any order.
+        sink_columns(view, sink)
+    # Fields matched by name (and cast: a is INT in Spark, long in Avro), in any order; the slot
+    # writer encodes the struct.
     fitted = sink.model_copy(update={"value": "struct(b, a)"})
-    [row] = encode_sink(view, fitted).collect()
-    assert fastavro.schemaless_reader(io.BytesIO(row["value"]), fastavro.parse_schema(schema)) == {"a": 1, "b": "x"}
+    rows = sink_columns(view, fitted).toArrow()
+    codec = avro.encode_codec(fitted.value_format, "value", None, "t")
+    [encoded] = avro.encode_batch(codec, rows.column("value").combine_chunks()).to_pylist()
+    assert fastavro.schemaless_reader(io.BytesIO(encoded), fastavro.parse_schema(schema)) == {"a": 1, "b": "x"}
 
 
 def test_encoding_a_value_the_schema_rejects_is_a_clear_permanent_error(spark, tmp_path):
@@ -299,7 +302,7 @@ def test_encoding_a_value_the_schema_rejects_is_a_clear_permanent_error(spark, t
     schema = {"type": "record", "name": "Out", "fields": [{"name": "a", "type": "long"}]}
     fmt = FormatConfig(type="avro", schema=write_schema(tmp_path, "out.avsc", schema))
     df = spark.createDataFrame([(None,)], "a long").select(F.struct("a").alias("r"))
-    with pytest.raises(Exception, match="eos poison record: cannot encode a value as Avro of schema Out"):
+    with pytest.raises(Exception, match=r"PoisonRecord.*cannot encode a value as Avro of schema Out"):
         df.select(avro.encode_column(F.col("r"), fmt, "value", None)).collect()
 
 
@@ -322,12 +325,12 @@ def test_schema_file_missing_or_invalid(tmp_path, content, message):
 def test_json_decoding_marks_malformed_records(spark, tmp_path):
     from pyspark.sql import functions as F
 
-    from eos_connectors.formats import _decode_column
+    from eos_connectors.formats.decode import _decode
 
     schema = {"type": "record", "name": "J", "fields": [{"name": "a", "type": "long"}]}
     fmt = FormatConfig(type="json", schema=write_schema(tmp_path, "j.avsc", schema))
     df = spark.createDataFrame([(0, b'{"a": 5}'), (1, b'{"a": '), (2, b'{"a": "x"}')], "i int, v binary")
-    value, error = _decode_column(F.col("v"), fmt, "value", None)
+    value, error = _decode(F.col("v"), fmt, "value", None)
     rows = df.select("i", value.alias("v"), error.alias("e")).orderBy("i").collect()
     assert rows[0]["v"]["a"] == 5 and rows[0]["e"] is None
     assert rows[1]["e"] and rows[2]["e"] and "malformed JSON" in rows[1]["e"]

@@ -11,8 +11,8 @@ from collections import Counter
 
 import pytest
 
-from eos.config import FormatConfig
 from eos_connectors.formats import avro
+from eos_connectors.formats.config import FormatConfig
 from eos_connectors.formats.registry import (
     HttpRegistry,
     RegistryUnavailable,

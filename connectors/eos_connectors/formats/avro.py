@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa  # at module level: Spark reads the UDFs' `pa.Array` type hints from here
 
-from eos.api import ConfigError, DependencyUnavailable
+from eos.api import ConfigError, DependencyUnavailable, PoisonRecord, crossing
 from eos_connectors.formats.avro_schema import arrow_types, load_avsc, physical_schema, spark_type
 from eos_connectors.formats.registry import (
     HEADER,
@@ -45,8 +45,6 @@ if TYPE_CHECKING:
     from pyspark.sql import Column
 
     from eos_connectors.formats.config import FormatConfig
-
-ENCODE_MARKER = "eos poison record"  # = formats.POISON_MARKER: a permanent, per-record failure
 
 
 @dataclass(frozen=True)
@@ -333,8 +331,9 @@ def encode_batch(codec: AvroCodec, column: pa.Array) -> pa.Array:
         try:
             schemaless_writer(out, writer, fixer(row) if fixer else row)
         except Exception as exc:
-            raise ValueError(
-                f"{ENCODE_MARKER}: cannot encode a {codec.which} as Avro of schema {codec.name}: "
+            # The same record fails the same way in every replay: stop, don't retry.
+            raise PoisonRecord(
+                f"cannot encode a {codec.which} as Avro of schema {codec.name}: "
                 f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''} (record: {row!r:.300})"
             ) from None
         offsets.append(out.tell())
@@ -366,7 +365,8 @@ def decode_with(codec: AvroCodec, column: Column) -> Column:
 
     @F.arrow_udf(f"STRUCT<value: {codec.ddl}, error: STRING>")
     def decode_avro(values: pa.Array) -> pa.Array:
-        return decode_batch(codec, values)
+        with crossing():
+            return decode_batch(codec, values)
 
     return decode_avro(column)
 
@@ -383,7 +383,8 @@ def encode_with(codec: AvroCodec, column: Column) -> Column:
 
     @F.arrow_udf("BINARY")
     def encode_avro(values: pa.Array) -> pa.Array:
-        return encode_batch(codec, values)
+        with crossing():
+            return encode_batch(codec, values)
 
     return encode_avro(column)
 

@@ -47,10 +47,10 @@ def decode_in_spark(raw: DataFrame, entry: Any, base_dir: Path | None) -> DataFr
 
     key, key_error = _decode(F.col("key"), entry.key_format, "key", base_dir)
     value, value_error = _decode(F.col("value"), entry.value_format, "value", base_dir)
-    spark_error = F.coalesce(*[e for e in (key_error, value_error) if e is not None]) if key_error or value_error else None
-    if spark_error is None:
+    errors = [e for e in (key_error, value_error) if e is not None]
+    if not errors:
         return raw.select(key.alias("key"), value.alias("value"), *METADATA, *POISON_COLUMNS)
-    error = F.coalesce(F.col(ERROR), spark_error)
+    error = F.coalesce(F.col(ERROR), *errors)
     if entry.on_error == "fail":
         message = F.concat(
             F.lit(f"source {entry.name}: cannot decode the record at "), F.col("topic"), F.lit("/"),

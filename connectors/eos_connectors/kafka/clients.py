@@ -21,8 +21,14 @@ log.addHandler(logging.NullHandler())
 ClientConfig = Mapping[str, Any]
 
 
+# librdkafka backs off up to 10 s before reconnecting to a broker it lost; on a cluster that
+# fails over in seconds that doubles recovery (measured on the 3-broker test cluster: 15.5 s
+# against ~7 s for a new transactional producer after its coordinator was killed).
+CLIENT_DEFAULTS: dict[str, Any] = {"reconnect.backoff.max.ms": 1000}
+
+
 def _with_defaults(config: ClientConfig, **defaults: Any) -> dict[str, Any]:
-    merged = {**defaults, **dict(config)}
+    merged = {**CLIENT_DEFAULTS, **defaults, **dict(config)}
     merged.setdefault("logger", log)
     return merged
 
@@ -221,7 +227,8 @@ def is_indefinite(exc: BaseException) -> bool:
     from confluent_kafka import KafkaError
 
     error = kafka_error(exc)
-    return bool(error and error.code() in (KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT_QUEUE))
+    timeouts = (KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT_QUEUE)
+    return bool(error and error.code() in timeouts)
 
 
 # ---------------------------------------------------------------------------------------------

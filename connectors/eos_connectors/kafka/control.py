@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import asdict
 import time
+from dataclasses import asdict
 from typing import Any
 
 from eos.api import (

@@ -52,7 +52,9 @@ log = logging.getLogger("eos.kafka.source")
 
 FORMAT_NAME = "eos-kafka"
 ARROW_BATCH_ROWS = 20_000
-METADATA = "topic string, partition int, offset long, timestamp timestamp, headers array<struct<key: string, value: binary>>"
+METADATA = (
+    "topic string, partition int, offset long, timestamp timestamp, headers array<struct<key: string, value: binary>>"
+)
 POISON = "_eos_error string, _eos_raw_key binary, _eos_raw_value binary"
 
 

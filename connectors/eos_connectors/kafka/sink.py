@@ -208,6 +208,14 @@ class KafkaSink(SinkConnector):
         names = {sink.name for sink in sinks}
         return {key: entry for key, entry in found.items() if key[0] in names}
 
+    def forget(self) -> None:
+        """The ledger topic holds every Kafka sink's entries of this pipeline on this cluster."""
+        admin = admin_client(self.client)
+        if self.pipeline.ledger in admin.list_topics(timeout=10).topics:
+            for future in admin.delete_topics([self.pipeline.ledger], operation_timeout=30).values():
+                with contextlib.suppress(Exception):  # another sink of the cluster deleted it first
+                    future.result()
+
     def discard(self, prepared: list[Prepared]) -> None:
         ledger.fence(self.client, [p.handle for p in prepared], self.pipeline.epoch_timeout_s)
 

@@ -129,7 +129,8 @@ class KafkaSource(SourceConnector):
                 for partition in parts:
                     if partition not in given:
                         raise ConfigError(
-                            f"source {self.name}: starting_offsets for {topic!r} has no offset for partition {partition}"
+                            f"source {self.name}: starting_offsets for {topic!r} has no offset for partition "
+                            f"{partition}"
                         )
                     resolved[(topic, partition)] = int(given[partition])
         return {
@@ -265,7 +266,7 @@ class DeadLetters(KafkaSink):
         return view.select(
             F.col(RAW_KEY).alias("key"),
             F.col(RAW_VALUE).alias("value"),
-            F.concat(F.col(f"{meta}headers"), provenance).cast("array<struct<key: string, value: binary>>").alias(
-                "headers"
-            ),
+            F.concat(F.col(f"{meta}headers"), provenance)
+            .cast("array<struct<key: string, value: binary>>")
+            .alias("headers"),
         )

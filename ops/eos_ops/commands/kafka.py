@@ -1,10 +1,12 @@
-"""`eos kafka fetch|start|stop|status`: the embedded local broker."""
+"""`eos kafka fetch|start|stop|status`: the embedded local broker, or a local three-node cluster."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
+CLUSTER_SIZE = 3
 
 
 def _say(message: str) -> None:
@@ -14,7 +16,33 @@ def _say(message: str) -> None:
 def _broker(args: argparse.Namespace):
     from eos_ops.localkafka import LocalBroker
 
-    return LocalBroker(port=args.port, data_dir=args.data_dir, heap=getattr(args, "heap", "512m"))
+    return LocalBroker(port=args.port or 9092, data_dir=args.data_dir, heap=getattr(args, "heap", None) or "512m")
+
+
+def _cluster(args: argparse.Namespace):
+    from eos_ops.localkafka import LocalCluster
+
+    return LocalCluster(port=args.port, data_dir=args.data_dir, heap=getattr(args, "heap", None) or "384m")
+
+
+def _wants_cluster(args: argparse.Namespace) -> bool:
+    """--brokers 3 means the cluster, 1 the single broker. Without it, `start` means the single broker,
+    while `stop` and `status` follow what is there: the cluster if its data directory holds one and no
+    single broker runs on the port."""
+    from eos.errors import ConfigError
+    from eos.paths import eos_home
+
+    if args.brokers is not None:
+        if args.brokers not in (1, CLUSTER_SIZE):
+            raise ConfigError(
+                f"--brokers {args.brokers}: the local Kafka is either 1 broker or a {CLUSTER_SIZE}-node cluster.",
+                hint=f"use --brokers 1 (the default) or --brokers {CLUSTER_SIZE}",
+            )
+        return args.brokers == CLUSTER_SIZE
+    if args.kafka_command == "start":
+        return False
+    cluster_dir = Path(args.data_dir) if args.data_dir else eos_home() / f"cluster-{args.port or 9092}"
+    return (cluster_dir / "cluster.json").exists() and _broker(args).pid() is None
 
 
 def cmd_kafka_fetch(args: argparse.Namespace) -> int:
@@ -25,17 +53,22 @@ def cmd_kafka_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_kafka_start(args: argparse.Namespace) -> int:
-    status = _broker(args).start(timeout=args.timeout, progress=_say)
+    cluster = _wants_cluster(args)
+    target = _cluster(args) if cluster else _broker(args)
+    status = target.start(timeout=args.timeout or (240.0 if cluster else 120.0), progress=_say)
     print(status.bootstrap)
     return 0
 
 
 def cmd_kafka_stop(args: argparse.Namespace) -> int:
-    _broker(args).stop(kill=args.kill, progress=_say)
+    target = _cluster(args) if _wants_cluster(args) else _broker(args)
+    target.stop(kill=args.kill, progress=_say)
     return 0
 
 
 def cmd_kafka_status(args: argparse.Namespace) -> int:
+    if _wants_cluster(args):
+        return _cluster_status(args)
     status = _broker(args).status()
     if not status.running:
         print(f"not running (data directory {status.data_dir})")
@@ -45,33 +78,89 @@ def cmd_kafka_status(args: argparse.Namespace) -> int:
     return 0 if status.answering else 1
 
 
+def _cluster_status(args: argparse.Namespace) -> int:
+    """One line for the cluster, one per node; exit 0 if whole, 1 if degraded, 3 if not running."""
+    status = _cluster(args).status()
+    if not status.running:
+        print(f"cluster not running (data directory {status.data_dir})")
+        return 3
+    controller = status.controller if status.controller is not None else "none (electing, or no quorum)"
+    print(
+        f"cluster at {status.bootstrap}: brokers {sorted(status.brokers)} of {[n.node_id for n in status.nodes]} "
+        f"registered, active controller {controller}; data {status.data_dir}"
+    )
+    for node in status.nodes:
+        pid = f", pid {node.pid}" if node.pid else ""
+        print(
+            f"  node {node.node_id}: {node.state}{pid}, broker {node.bootstrap}, "
+            f"controller {node.controller_endpoint}; log {node.log_file}"
+        )
+    return 0 if status.complete else 1
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     kafka = sub.add_parser(
         "kafka",
-        help="manage the embedded local Kafka broker (KRaft, no Docker)",
-        description="Manage the embedded local Apache Kafka broker: a single KRaft node on loopback whose "
-        "jars are fetched once from Maven Central with ops/kafka/pom.xml.",
+        help="manage the embedded local Kafka broker or 3-node cluster (KRaft, no Docker)",
+        description="Manage the embedded local Apache Kafka: a single KRaft node on loopback, or with "
+        "--brokers 3 a real three-node KRaft cluster (each node broker and controller, a 3-voter quorum, "
+        "replication factor 3, min.insync.replicas 2) for failover tests. The jars are fetched once from "
+        "Maven Central with ops/kafka/pom.xml.",
+        epilog="examples: `eos kafka start` (one broker on 9092); `eos kafka start --brokers 3` (nodes 1-3 on "
+        "9092, 9094, 9096, their controllers on 9093, 9095, 9097; prints the bootstrap list); "
+        "`eos kafka status` and `eos kafka stop` find a running cluster by its data directory.",
     )
     ksub = kafka.add_subparsers(dest="kafka_command", required=True, metavar="{fetch,start,stop,status}")
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--port", type=int, default=9092, help="client port; the controller uses port+1 (9092)")
-        p.add_argument("--data-dir", type=Path, default=None, help="broker data (default $EOS_HOME/broker-PORT)")
+        p.add_argument(
+            "--brokers",
+            type=int,
+            default=None,
+            help=f"1: the single broker (start's default); {CLUSTER_SIZE}: the local cluster. stop and status "
+            f"find a cluster by its data directory when this is left out",
+        )
+        p.add_argument(
+            "--port",
+            type=int,
+            default=None,
+            help="client port; the controller uses port+1 (9092). A cluster's node n uses port+2(n-1) and "
+            "port+2(n-1)+1; an existing cluster's data directory remembers its port",
+        )
+        p.add_argument(
+            "--data-dir",
+            type=Path,
+            default=None,
+            help="data directory (default $EOS_HOME/broker-PORT, or $EOS_HOME/cluster-PORT for a cluster)",
+        )
 
     fetch = ksub.add_parser("fetch", help="download the broker jars (done by start if needed)")
     fetch.set_defaults(func=cmd_kafka_fetch)
 
-    start = ksub.add_parser("start", help="start the broker in the background and wait until it answers")
+    start = ksub.add_parser(
+        "start",
+        help="start the broker (or cluster) in the background and wait until it is ready",
+        description="Start in the background and wait until ready (idempotent). A cluster is ready when "
+        "all three brokers are registered, a transactional producer can initialise and every partition "
+        "is in sync.",
+    )
     common(start)
-    start.add_argument("--heap", default="512m", help="JVM heap, e.g. 512m or 1g (512m)")
-    start.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness (120)")
+    start.add_argument("--heap", default=None, help="JVM heap, e.g. 512m or 1g (512m; a cluster: 384m per node)")
+    start.add_argument(
+        "--timeout", type=float, default=None, help="seconds to wait for readiness (120; a cluster: 240)"
+    )
     start.set_defaults(func=cmd_kafka_start)
 
-    stop = ksub.add_parser("stop", help="shut the broker down cleanly")
+    stop = ksub.add_parser("stop", help="shut the broker (or every node of the cluster) down cleanly")
     common(stop)
     stop.add_argument("--kill", action="store_true", help="SIGKILL instead of a clean shutdown")
     stop.set_defaults(func=cmd_kafka_stop)
 
-    status = ksub.add_parser("status", help="is the broker running and answering? (exit 3 if not running)")
+    status = ksub.add_parser(
+        "status",
+        help="is it running and answering? (exit 3 if not running; a cluster: 1 if a node is down)",
+        description="For a cluster: each node's state (running, paused, stopped), the registered brokers "
+        "and the active controller.",
+    )
     common(status)
     status.set_defaults(func=cmd_kafka_status)
