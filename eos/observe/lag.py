@@ -232,7 +232,7 @@ class LagMonitor:
         self._stopped.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=10)
 
     def _loop(self) -> None:
         while not self._stopped.is_set():

@@ -112,9 +112,17 @@ def open_checkpoint(config: PipelineConfig, base_dir: Path | None, jvm: bool | N
         return Checkpoint(location), None
     gateway = JvmGateway({k: str(v) for k, v in config.spark.conf.items()})
     try:
-        if is_local(location) and not location.startswith("file:"):
-            location = Path(location).resolve().as_uri()  # through Hadoop's local FileSystem
-        return Checkpoint(location, gateway.session), gateway
+        if not is_local(location):
+            return Checkpoint(location, gateway.session), gateway
+        # Forced (tests): a local checkpoint read through Hadoop's local FileSystem, exactly as an
+        # hdfs:// one would be (Checkpoint itself reads local paths with plain file IO).
+        from eos.protocol.checkpoint import _HadoopFiles, local_path
+
+        checkpoint = Checkpoint(location)
+        session = gateway.session
+        uri = local_path(location).as_uri()
+        checkpoint.files = _HadoopFiles(uri, session._jvm, session._jsc.hadoopConfiguration())
+        return checkpoint, gateway
     except Exception:
         gateway.close()
         raise

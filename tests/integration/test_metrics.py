@@ -237,7 +237,10 @@ def test_metrics_count_aborts_retries_dead_letters_and_lingering(spark, bootstra
     path = write_pipeline(tmp_path, config)
     # A foreign transaction left open on the sink topic: it pins the topic's last stable offset
     # for the whole run, which the sink reports as lingering.
-    zombie = producer({"bootstrap.servers": bootstrap, "transactional.id": unique_name("zombie")})
+    zombie = producer({
+        "bootstrap.servers": bootstrap, "transactional.id": unique_name("zombie"),
+        "transaction.timeout.ms": 600_000,  # open for the whole run (the broker's default limit is 15 min)
+    })  # fmt: skip
     zombie.init_transactions(30)
     zombie.begin_transaction()
     zombie.produce(sink, b"foreign", b"k", partition=0)
@@ -324,3 +327,42 @@ def test_a_failing_listener_does_not_stop_the_others():
     for batch in (0, 1, 1):  # the duplicate (a late bus event after catch-up) is dropped
         bridge.deliver({"runId": "r", "batchId": batch})
     assert seen == [0, 1]
+
+
+def test_a_takeover_by_another_driver_shows_in_the_metrics(bootstrap, unique_name):
+    """Two drivers of one pipeline on a real control log: the first one's metrics report that it
+    was fenced once the second took over, and the first can indeed no longer record a decision."""
+    from prometheus_client import generate_latest
+
+    from eos.errors import DriverFenced
+    from eos.observe.lag import DriverWatch, LagMonitor
+    from eos.protocol.decision import Decision, DriverInfo
+    from eos_connectors.kafka.control import KafkaControlLog
+
+    name = unique_name("d")
+    client = {"bootstrap.servers": bootstrap}
+    first, second = (KafkaControlLog(client, f"eos-ledger-{name}.control", name, timeout_s=30) for _ in range(2))
+    first.take_over(DriverInfo("run-a", "host-a", 1, "127.0.0.1:1"))
+    monitor = LagMonitor([], [], interval_s=0.1, driver=DriverWatch(first.previous_driver, "run-a"),
+                         driver_interval_s=0.2)  # fmt: skip
+    metrics = PipelineMetrics(PipelineShape(name), lag=monitor)
+    monitor.start()
+    try:
+
+        def fenced() -> float:
+            return total(parse(generate_latest(metrics.registry).decode()), "eos_driver_fenced")
+
+        time.sleep(1.0)  # several checks of the control log
+        assert fenced() == 0
+        second.take_over(DriverInfo("run-b", "host-b", 2, "127.0.0.1:2"))
+        deadline = time.monotonic() + 30
+        while fenced() != 1:
+            assert time.monotonic() < deadline, "the takeover never showed"
+            time.sleep(0.1)
+        assert monitor.driver is not None and monitor.driver.taken_over_by.host == "host-b"
+        with pytest.raises(DriverFenced):
+            first.record_decision(Decision(0, 1, "run-a", {}))
+    finally:
+        monitor.stop()
+        first.close()
+        second.close()
