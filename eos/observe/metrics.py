@@ -511,7 +511,9 @@ def start_telemetry(
         control = found.sources[0].control_log()
         telemetry.closing.append(control)
         driver = DriverWatch(control.previous_driver, str(coordinator.identity.get("run", "")))
-    telemetry.lag = LagMonitor(found.sources, lines, sinks=found.sinks if config.exactly_once else (), driver=driver)
+    # The lingering and takeover watches feed only the metrics; the progress lines need the lag.
+    watched = found.sinks if config.exactly_once and metrics_port is not None else ()
+    telemetry.lag = LagMonitor(found.sources, lines, sinks=watched, driver=driver)
     telemetry.lag.start()
     if metrics_port is None:
         return telemetry
