@@ -133,6 +133,15 @@ class _HadoopFiles:
         self.fs.delete(self._path(""), True)
 
 
+def scratch_dir(location: str) -> Path:
+    """A local folder for a checkpoint's test-only state (failpoint firings): beside Spark's logs
+    for a local checkpoint, else in the machine's temp folder (shared by every process there)."""
+    if is_local(location):
+        return local_path(location) / "_eos" / "scratch"
+    name = hashlib.sha256(location.rstrip("/").encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"eos-scratch-{name}"
+
+
 @dataclass
 class CheckpointMeta:
     pipeline: str
@@ -165,11 +174,7 @@ class Checkpoint:
         return self.files.root if isinstance(self.files, _LocalFiles) else None
 
     def scratch_dir(self) -> Path:
-        """A local folder for this checkpoint's test-only state (failpoint firings)."""
-        if self.local is not None:
-            return self.local / "_eos" / "scratch"
-        name = hashlib.sha256(self.uri.encode()).hexdigest()[:16]
-        return Path(tempfile.gettempdir()) / f"eos-scratch-{name}"
+        return scratch_dir(self.uri)
 
     # -- Spark's logs --------------------------------------------------------------------------
     def _batch_ids(self, folder: str) -> list[int]:

@@ -180,8 +180,10 @@ class Coordinator:
                 self._lock.wait(remaining)
 
     def close_attempt(self, epoch: int, attempt: int, reason: str) -> list[Vote]:
-        """The attempt is over: every vote not told to commit is told to abort. Returns the votes
-        that were never released (their transactions must not linger)."""
+        """The attempt is over: every vote not told to commit is told to abort. Returns what must
+        not linger: the votes never released, and, as votes with no handle, the ids leased to a
+        task that never voted (it died, or Spark re-ran it elsewhere): their transactions may be
+        open, and nobody will ever end them."""
         with self._lock:
             state = self._attempts.get((epoch, attempt))
             if state is None:
@@ -189,7 +191,13 @@ class Coordinator:
             state.closed = state.closed or reason
             self._lock.notify_all()
             self._release_leases(state)
-            return [v for k, v in state.votes.items() if k not in state.released]
+            strays = [v for k, v in state.votes.items() if k not in state.released]
+            voted = {(v.sink, v.lease) for v in state.votes.values()}
+            for sink, number in sorted(set(state.leases) - voted):
+                strays.append(Vote(-1, sink, "", number, -1))
+                if sink in self._pools:  # the driver fences it: whoever holds it must initialise again
+                    self._pools[sink].owner.pop(number, None)
+            return strays
 
     def votes(self, epoch: int, attempt: int) -> list[Vote]:
         with self._lock:

@@ -54,3 +54,27 @@ def new_topic(admin, unique_name) -> Callable[..., str]:
         return name
 
     return make
+
+
+@pytest.fixture(scope="session")
+def hdfs(tmp_path_factory: pytest.TempPathFactory):
+    """A real HDFS (NameNode + DataNode JVMs from Hadoop's jars on Maven Central), once a session."""
+    from tests.support_hdfs import start_hdfs_under_test
+
+    _, local, close = start_hdfs_under_test(tmp_path_factory.mktemp("hdfs"))
+    try:
+        yield local
+    finally:
+        close()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A real Spark standalone cluster: a master and two one-core workers from the PySpark wheel."""
+    from tests.support_spark_cluster import start_spark_cluster_under_test
+
+    cluster = start_spark_cluster_under_test(tmp_path_factory.mktemp("spark-cluster"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

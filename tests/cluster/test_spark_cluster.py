@@ -14,14 +14,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from eos_ops.sparkcluster import QUICK_START_CONF, LocalSparkCluster, SparkSubmit, alive
-from tests.support_spark_cluster import start_spark_cluster_under_test
 
 pytestmark = pytest.mark.slow
 
@@ -58,12 +56,9 @@ class ProbeRun:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSparkCluster]:
-    cluster = start_spark_cluster_under_test(tmp_path_factory.mktemp("spark-cluster"))
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+def cluster(spark_cluster: LocalSparkCluster) -> LocalSparkCluster:
+    """The session's cluster (tests/cluster/conftest.py): one cold start for every cluster test."""
+    return spark_cluster
 
 
 @pytest.fixture(scope="module")

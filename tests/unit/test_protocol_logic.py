@@ -105,13 +105,33 @@ def test_leases_reuse_a_workers_idle_id_and_record_growth_first(coordinator):
     again = VoteClient(coordinator.address, 2, 1, 30)
     assert again.request("lease", sink="out", slot=0, worker="w1", idle=[0, 2])["fresh"]  # not owned since the fence
     owned = again.request("lease", sink="out", slot=1, worker="w1", idle=[])
-    coordinator.close_attempt(2, 1, "finished")
+    _vote_and_commit(coordinator, 2, 1, "h-owned", owned["number"])
+    strays = coordinator.close_attempt(2, 1, "finished")
+    # The first id of attempt 2 was leased but never voted on: it is handed back to be fenced.
+    assert [(v.sink, v.handle, v.lease) for v in strays] == [("out", "", 0)]
     coordinator.open_attempt(3, 1, 30)
     later = VoteClient(coordinator.address, 3, 1, 30)
     reuse = later.request("lease", sink="out", slot=0, worker="w1", idle=[owned["number"]])
     assert reuse == {"number": owned["number"], "fresh": False, "stale": []}
     stolen = later.request("lease", sink="out", slot=1, worker="w2", idle=[owned["number"]])
     assert owned["number"] in stolen["stale"]  # w2 no longer owns it: it must close its producer
+
+
+def _vote_and_commit(coordinator, epoch: int, attempt: int, handle: str, lease: int) -> None:
+    """What a slot's commit thread does: vote prepared, wait, commit, report."""
+
+    def owner() -> None:
+        client = VoteClient(coordinator.address, epoch, attempt, 30)
+        if client.request("prepared", sink="out", handle=handle, slot=0, lease=lease)["decision"] == COMMIT:
+            client.request("committed", sink="out", handle=handle, slot=0, lease=lease)
+
+    thread = threading.Thread(target=owner)
+    thread.start()
+    while not coordinator.votes(epoch, attempt):
+        threading.Event().wait(0.02)
+    coordinator.release(epoch, attempt, [("out", handle)])
+    assert coordinator.wait_committed(epoch, attempt, [("out", handle)], 10) == []
+    thread.join(10)
 
 
 def test_owners_commit_only_what_the_driver_released(coordinator):

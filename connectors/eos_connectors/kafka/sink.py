@@ -217,7 +217,9 @@ class KafkaSink(SinkConnector):
                     future.result()
 
     def discard(self, prepared: list[Prepared]) -> None:
-        ledger.fence(self.client, [p.handle for p in prepared], self.pipeline.epoch_timeout_s)
+        """Fence these ids: a handle, or, for an id leased to a task that never voted, its number."""
+        txids = [p.handle or ids.pool_id(self.prefix, self.name, p.detail["lease"]) for p in prepared]
+        ledger.fence(self.client, txids, self.pipeline.epoch_timeout_s)
 
     @classmethod
     def resolve(cls, sinks: list[SinkConnector], decision: Decision | None) -> dict[str, int]:

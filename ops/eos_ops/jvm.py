@@ -1,0 +1,215 @@
+"""Running a background JVM service from jars resolved with Maven: the parts any such service shares.
+
+The local Kafka broker (`localkafka`) and the local HDFS (`hdfs`) both need a Java 17+, a jar
+cache keyed by the hash of a pom, free loopback ports, and pid files that survive PID reuse.
+Error messages name the service, so a user sees "the local HDFS needs Java 17", not Kafka.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from eos.errors import EnvironmentProblem
+
+Progress = Callable[[str], None]
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    """The last lines of a log, for error messages (a start-up failure is explained there)."""
+    if not path.exists():
+        return f"({path} does not exist)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Java and the jar cache
+# ---------------------------------------------------------------------------------------------
+
+
+def find_java(needed_by: str) -> str:
+    """Path of a Java >= 17 executable, or an error saying that `needed_by` needs one."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if not java or not Path(java).exists():
+        raise EnvironmentProblem(
+            f"Java was not found: {needed_by} needs Java 17 or later.",
+            hint="install a JDK 17+ (e.g. `apt install openjdk-17-jre-headless`) or set JAVA_HOME",
+        )
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    major = int(match.group(1)) if match else 0
+    if major == 1 and match and match.group(2):  # "1.8" style
+        major = int(match.group(2))
+    if major < 17:
+        raise EnvironmentProblem(
+            f"{java} is Java {major or '?'}; {needed_by} needs Java 17 or later.",
+            hint="point JAVA_HOME at a JDK 17+",
+        )
+    return java
+
+
+def jar_cache_dir(pom: Path, cache_root: Path) -> Path:
+    """Where the jars of `pom` live: a new pom (another version) never reuses an old cache."""
+    return cache_root / hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
+
+
+def fetch_jars(pom: Path, cache_root: Path, what: str, progress: Progress = quiet) -> Path:
+    """Resolve the runtime jars of `pom` from Maven Central once; returns the libs folder.
+
+    The jars land in a staging folder renamed into place, and a `.complete` marker is written
+    last, so an interrupted download is redone rather than half-used."""
+    cache = jar_cache_dir(pom, cache_root)
+    libs = cache / "libs"
+    if (cache / ".complete").exists():
+        return libs
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise EnvironmentProblem(
+            f"Maven (mvn) was not found: it is needed once, to fetch the {what} jars.",
+            hint="install Maven (e.g. `apt install maven`)",
+        )
+    progress(f"Fetching {what} jars from Maven Central into {libs} (once) ...")
+    started = time.monotonic()
+    cache.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="libs-", dir=cache))
+    cmd = [
+        mvn, "-B", "-q", "-f", str(pom),
+        "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
+    ]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            cache.rmdir()  # only if empty: no cache folder for a pom that never resolved
+        raise _maven_failed(what, cmd, (result.stdout + result.stderr).strip())
+    if libs.exists():
+        shutil.rmtree(libs)
+    staging.rename(libs)
+    (cache / ".complete").write_text(what)
+    jars = len(list(libs.glob("*.jar")))
+    progress(f"Fetched {jars} jars in {time.monotonic() - started:.1f} s.")
+    return libs
+
+
+def _maven_failed(what: str, cmd: list[str], output: str) -> EnvironmentProblem:
+    # "could not be resolved" alone also means a wrong coordinate; only network failures say offline.
+    offline = re.search(r"Could not transfer|UnknownHost|offline|Connection refused|Network is unreachable", output)
+    return EnvironmentProblem(
+        f"Maven could not fetch the {what} jars"
+        + (" (Maven Central unreachable: are you offline?)" if offline else "")
+        + f".\n  command: {' '.join(cmd)}\n  last lines:\n"
+        + "\n".join("    " + line for line in output.splitlines()[-15:]),
+        hint="check network access to https://repo1.maven.org, or a Maven mirror in ~/.m2/settings.xml",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Ports
+# ---------------------------------------------------------------------------------------------
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct free TCP ports (all held open at once while choosing, so none repeats)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            ports.append(sock.getsockname()[1])
+    return ports
+
+
+def port_answers(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True if something accepts TCP connections there (a server is listening)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Background processes identified by a pid file
+# ---------------------------------------------------------------------------------------------
+
+
+def pid_from_file(pid_file: Path, *markers: str) -> int | None:
+    """PID in `pid_file` if that process is alive and its command line holds every marker.
+
+    The markers guard against PID reuse: a stale pid file must not make us signal a stranger."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    if all(marker in cmdline for marker in markers) and alive(pid):
+        return pid
+    return None
+
+
+def alive(pid: int) -> bool:
+    """True while the process runs; a zombie child of ours counts as gone (and is reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    if state == "Z":
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        return False
+    return True
+
+
+def terminate(pid: int, timeout: float = 60.0, kill: bool = False) -> bool:
+    """SIGTERM (a clean shutdown) or SIGKILL (a crash) and wait until gone.
+
+    Escalates to SIGKILL after `timeout`. Returns True if it had to escalate."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and alive(pid):
+        time.sleep(0.1)
+    if not alive(pid):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    while alive(pid):
+        time.sleep(0.1)
+    return True
+
+
+def spawn(cmd: list[str], log_file: Path, cwd: Path) -> subprocess.Popen:
+    """Start a daemon in its own session (it ignores the terminal's Ctrl-C), logging to `log_file`."""
+    with open(log_file, "ab") as log:
+        return subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd, start_new_session=True
+        )
