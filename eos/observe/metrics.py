@@ -230,7 +230,7 @@ class PipelineMetrics(EpochListener):
         p = self.shape.pipeline
         self.recoveries.labels(p, "retry" if self._epochs_started else "startup").inc()
         self.fenced.labels(p).inc(report.fenced_ids)
-        self.recovery_s.labels(p).observe(report.fence_s)
+        self.recovery_s.labels(p).observe(report.duration_s)
         for outcome, n in report.resolved.items():
             self.resolved.labels(p, outcome).inc(n)
 

@@ -147,7 +147,7 @@ class ProgressPrinter(EpochListener):
         self._print(
             f"recovery ({report.reason}): fenced {report.fenced_ids} transactional ids"
             + (f", resolved {resolved}" if resolved else "")
-            + f" in {_ms(report.fence_s)}; ledger: {slots or 'empty'}"
+            + f" in {_ms(report.duration_s)}; ledger: {slots or 'empty'}"
         )
 
     def on_epoch_start(self, epoch: int, attempt: int) -> None:

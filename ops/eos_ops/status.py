@@ -463,7 +463,7 @@ def fence(
         )
     except CheckpointError as exc:  # fenced and resolved; the ledger check refused: say so
         return {"fenced_ids": None, "resolved": {}, "seconds": time.monotonic() - started, "error": exc.message}
-    return {"fenced_ids": report.fenced_ids, "resolved": report.resolved, "seconds": report.fence_s, "error": None}
+    return {"fenced_ids": report.fenced_ids, "resolved": report.resolved, "seconds": report.duration_s, "error": None}
 
 
 # ---------------------------------------------------------------------------------------------
