@@ -277,7 +277,7 @@ def run_eos(
         epochs=collector.epochs(),
         records_out=sum(result.records_out.values()),
         cpu=cpu,
-        fence_s=sum(r.fence_s for r in collector.recoveries),
+        fence_s=sum(r.duration_s for r in collector.recoveries),
         aborted=collector.aborted,
         spans=spans,
     )

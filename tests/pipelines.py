@@ -84,19 +84,11 @@ def fence_and_read_ledger(path: Path) -> dict:
     found = connectors(config, pipeline_info(config, meta.checkpoint_id, path.parent))
     control = found.sources[0].control_log()
     try:
-        pools = _control_pools(control)
-        report = recovery.recover(found.sinks, pools, control.decision(), checkpoint, meta.checkpoint_id, 60, "test")
+        state = control.state()
+        report = recovery.recover(found.sinks, state.pools, state.decision, checkpoint, meta.checkpoint_id, 60, "test")
     finally:
         control.close()
     return report.ledger
-
-
-def _control_pools(control: Any) -> dict:
-    """The pools recorded in the control log, read without taking the pipeline over."""
-    from eos.protocol.decision import Pool
-
-    records = control._read(wait_s=30)
-    return {name: Pool(**pool) for name, pool in records.get("pools", {}).get("pools", {}).items()}
 
 
 def produce_numbered(bootstrap: str, topic: str, start: int, count: int, keys: int = 97) -> list[str]:

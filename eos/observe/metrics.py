@@ -2,51 +2,57 @@
 
 Every metric is named `eos_...`, lives in a registry of its own per run (never the global
 default registry, so several pipelines in one process do not clash), and carries the label
-`pipeline`; `sink`, `slot`, `source`, `topic`, `partition`, `phase` and `kind` are added where
-meaningful, all bounded (slots by the checkpoint's slot count, partitions by the topics).
+`pipeline`; `sink`, `slot`, `source`, `topic`, `partition`, `phase`, `kind`, `lease`, `outcome`
+and `operation` are added where meaningful, all bounded: sinks and sources by the pipeline file,
+slots by the partitions of an epoch's rows (at most the read tasks per epoch times the sinks, or
+the state's shuffle partitions), partitions by the source topics, the rest by fixed sets.
 
 Sources of truth:
-- the protocol's events (`EpochListener`): epochs, attempts, transactions and records out come
-  from the reports the sink tasks return with their results, folded by the driver, never from a
-  best-effort side channel;
-- Spark's own progress (`on_spark_progress`, fed by eos.observe.progress.SparkProgressBridge): records
-  in per source, planning and commit-log durations;
-- scrape-time state: the phase of the epoch in flight and the age of the oldest open
-  transaction (eos.observe.tracker), source lag and stuck last stable offsets (eos_connectors.kafka.lag).
+- the protocol's events (`EpochListener`): epochs, attempts, phases, transactions, producer
+  leases and records out come from the reports the slot tasks return with their results, folded
+  by the driver (`EpochReport`), and from the coordinator's votes for a failed attempt
+  (`AttemptVotes`), never from a best-effort side channel;
+- Spark's own progress (`on_spark_progress`, fed by eos.observe.progress.SparkProgressBridge):
+  offsets consumed and rows read per source, planning and commit-log durations;
+- scrape-time state: the phase of the epoch in flight, the age of the oldest open transaction
+  (eos.observe.tracker), the pools of transactional ids (the coordinator), source lag, lingering
+  transactions and whether another driver took over (eos.observe.lag, on a background thread).
 
-docs/OBSERVABILITY.md lists every metric; tests/test_dashboards.py checks the dashboards and
+docs/OBSERVABILITY.md lists every metric; tests/unit/test_dashboards.py checks the dashboards and
 alert rules against `series_names()` of this module's registry.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-LagMonitor = Any  # rewired below
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from eos import __version__
 from eos.errors import EnvironmentProblem
+from eos.observe.lag import DriverWatch, LagMonitor, committed_lines
 from eos.observe.tracker import PHASES, EpochTracker
 from eos.protocol.report import AttemptVotes, EpochListener, EpochReport, RecoveryReport
 
 log = logging.getLogger("eos.observe.metrics")
 
 PREFIX = "eos"
-# Epoch phases run from a millisecond (agreement on loopback) to minutes (a large first epoch).
+# Epoch phases run from a millisecond (a decision on loopback) to minutes (a large first epoch).
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-# Spark's durationMs keys that happen before the sink job starts: finding the end offsets
+# Spark's durationMs keys that happen before the epoch's job starts: finding the end offsets
 # (latestOffset), building the batch (getBatch), planning the query, and writing the offset
 # log (walCommit, the barrier). Together: the "plan" phase.
 PLAN_KEYS = ("latestOffset", "getBatch", "queryPlanning", "walCommit")
 SPARK_KEYS = (*PLAN_KEYS, "addBatch", "commitOffsets", "triggerExecution")
-EPOCH_PHASES = ("plan", "read_process", "precommit", "agreement", "commit", "mark_committed")
-SLOT_PHASES = ("init", "produce", "flush", "vote", "commit")
+EPOCH_PHASES = ("plan", "write", "decide", "commit", "mark_committed")
+SLOT_PHASES = ("init", "write", "precommit")
+LEASES = ("reused", "initialised")
 
 
 def _name(suffix: str) -> str:
@@ -55,17 +61,22 @@ def _name(suffix: str) -> str:
 
 @dataclass
 class PipelineShape:
-    """What the metrics need to know about the pipeline (label values to pre-create, limits)."""
+    """What the metrics need to know about the pipeline (label values to pre-create)."""
 
     pipeline: str
-    slots: int = 1
+    parallelism: int = 1  # read tasks per epoch (fixed for a checkpoint)
     exactly_once: bool = True
-    sources: list[str] = field(default_factory=list)
-    sinks: list[str] = field(default_factory=list)  # the user's sinks
+    sources: list[str] = field(default_factory=list)  # in the pipeline file's order (= Spark's)
+    sinks: list[str] = field(default_factory=list)  # the configured sinks
     dlq_sources: list[str] = field(default_factory=list)  # sources with on_error: dlq
     skip_sources: list[str] = field(default_factory=list)  # sources with on_error: skip
     trigger_s: float = 0.0  # 0: available-now
-    transaction_timeout_s: float = 60.0
+    epoch_timeout_s: float = 60.0
+
+    @property
+    def written(self) -> list[str]:
+        """Every sink eos writes: the configured ones, then each dead-letter queue."""
+        return [*self.sinks, *(f"{source}.dlq" for source in self.dlq_sources)]
 
 
 class PipelineMetrics(EpochListener):
@@ -76,14 +87,14 @@ class PipelineMetrics(EpochListener):
         shape: PipelineShape,
         tracker: EpochTracker | None = None,
         lag: LagMonitor | None = None,
-        config: Any = None,
+        coordinator: Any = None,
         replay_epoch: int | None = None,
-        last_committed: tuple[int, float] | None = None,
+        last_committed: tuple[int, float | None] | None = None,
     ):
         self.shape = shape
         self.tracker = tracker
         self.lag = lag
-        self.config = config  # PipelineConfig: maps Spark's sources to names
+        self.coordinator = coordinator
         self.replay_epoch = replay_epoch  # logged but uncommitted at start: its first commit is a replay
         self.registry = CollectorRegistry(auto_describe=True)
         self._epochs_started = 0
@@ -92,7 +103,8 @@ class PipelineMetrics(EpochListener):
         self.run_started.labels(shape.pipeline).set(time.time())
         if last_committed is not None:
             self.last_epoch.labels(shape.pipeline).set(last_committed[0])
-            self.last_committed_ts.labels(shape.pipeline).set(last_committed[1])
+            if last_committed[1] is not None:
+                self.last_committed_ts.labels(shape.pipeline).set(last_committed[1])
         self.registry.register(_ScrapeTimeCollector(self))
 
     # -- definitions ---------------------------------------------------------------------------
@@ -109,13 +121,13 @@ class PipelineMetrics(EpochListener):
         def histogram(name: str, doc: str, labels: tuple[str, ...] = ()) -> Histogram:
             return Histogram(_name(name), doc, (*p, *labels), registry=r, buckets=DURATION_BUCKETS)
 
-        self.info = gauge("pipeline_info", "Always 1; the pipeline's mode, slot count and eos version.",
-                          ("mode", "slots", "version"))  # fmt: skip
+        self.info = gauge("pipeline_info", "Always 1; the pipeline's mode, read tasks per epoch and eos version.",
+                          ("mode", "parallelism", "version"))  # fmt: skip
         self.run_started = gauge("run_started_timestamp_seconds", "When this run of the pipeline started (Unix time).")
         self.trigger = gauge("trigger_interval_seconds", "The processing-time trigger interval; 0 for available-now.")
-        self.txn_timeout = gauge(
-            "transaction_timeout_seconds", "transaction.timeout.ms of the sink producers: the broker aborts a "
-            "transaction open longer than this.",
+        self.epoch_timeout = gauge(
+            "epoch_timeout_seconds", "epochs.timeout: an attempt's job is cancelled after this, and the commit "
+            "phase waits at most this long; sink transactions are opened with a longer timeout.",
         )  # fmt: skip
         # Records
         self.offsets_in = counter(
@@ -125,10 +137,10 @@ class PipelineMetrics(EpochListener):
         )  # fmt: skip
         self.spark_rows = counter(
             "spark_source_rows_total", "Spark's numInputRows per source: rows its scans produced. A source read by "
-            "several branches of the plan (a dead-letter split, two sinks) or an epoch retried counts more than "
-            "once.", ("source",),
+            "two branches of the plan (a dead-letter or skip split) or an epoch retried counts more than once.",
+            ("source",),
         )  # fmt: skip
-        self.records_out = counter("sink_records_total", "Records committed to each sink's topic.", ("sink",))
+        self.records_out = counter("sink_records_total", "Records committed to each configured sink.", ("sink",))
         self.slot_records = counter("slot_records_total", "Records committed per sink and slot (incl. DLQs).",
                                     ("sink", "slot"))  # fmt: skip
         self.dlq = counter("dlq_records_total", "Poison records committed to a source's dead-letter queue.",
@@ -141,29 +153,43 @@ class PipelineMetrics(EpochListener):
         self.retried = counter("epoch_retries_total", "Aborted epoch attempts that were retried.")
         self.last_epoch = gauge("last_committed_epoch", "The last committed epoch (Spark batchId).")
         self.last_committed_ts = gauge("last_committed_timestamp_seconds", "When the last epoch committed (Unix).")
+        self.slots = gauge("epoch_slots", "Slots (partitions of the epoch's rows) of the last committed epoch.")
         self.phase_s = histogram(
             "epoch_phase_duration_seconds", "Duration of each phase of committed epochs: plan (Spark: latestOffset "
-            "+ getBatch + queryPlanning + walCommit), read_process, precommit, agreement, commit, mark_committed "
+            "+ getBatch + queryPlanning + walCommit), write (the Spark job: read, transform, write and pre-commit "
+            "every slot), decide (recording the commit decision), commit (every slot committing), mark_committed "
             "(Spark's commit log: commitOffsets).", ("phase",),
         )  # fmt: skip
-        self.vote_wait_s = histogram("epoch_vote_wait_seconds", "How long the slowest slot waited for the decision.")
         self.epoch_s = histogram("epoch_duration_seconds", "Whole epoch, plan to commit log (triggerExecution).")
-        self.slot_phase_s = histogram("slot_phase_duration_seconds", "Per-slot durations (init_transactions, "
-                                      "produce, flush, vote, commit), one observation per slot and epoch.",
-                                      ("phase",))  # fmt: skip
+        self.slot_phase_s = histogram(
+            "slot_phase_duration_seconds", "Per-slot durations of committed epochs, one observation per slot (init: "
+            "per sink whose producer was initialised, not reused): init, write (reading the slot's input and "
+            "writing), precommit.", ("phase",),
+        )  # fmt: skip
         self.spark_s = histogram("spark_operation_duration_seconds", "Spark's per-batch durationMs, by operation.",
                                  ("operation",))  # fmt: skip
         # Transactions and recovery
-        self.txn_commits = counter("transaction_commits_total", "Sink transactions committed.", ("sink", "slot"))
+        self.txn_commits = counter(
+            "transaction_commits_total", "Sink transactions committed (each carries its slot's ledger entry).",
+            ("sink", "slot"),
+        )  # fmt: skip
         self.txn_aborts = counter(
             "transaction_aborts_total", "Pre-committed sink transactions aborted because their epoch attempt "
             "failed (the slot voted prepared; the attempt then aborted).", ("sink", "slot"),
         )  # fmt: skip
-        self.fenced = counter("fenced_transactional_ids_total", "Transactional ids fenced (init_transactions by "
-                              "the driver at recovery: zombies lose their right to commit).")  # fmt: skip
-        self.recoveries = counter("recoveries_total", "Recoveries: fence every id, re-read the ledger. kind: startup "
-                                  "or retry (after a failed attempt).", ("kind",))  # fmt: skip
-        self.fence_s = histogram("recovery_fence_duration_seconds", "Time to fence every transactional id.")
+        self.leases = counter(
+            "producer_leases_total", "Transactional identities leased to slots of committed epochs: reused (a live "
+            "producer of the same Python worker, no init_transactions) or initialised.", ("sink", "lease"),
+        )  # fmt: skip
+        self.fenced = counter("fenced_transactional_ids_total", "Transactional ids fenced by recoveries (every id "
+                              "of every pool: zombies lose their right to commit).")  # fmt: skip
+        self.recoveries = counter("recoveries_total", "Recoveries: fence, resolve, re-read the ledgers. kind: "
+                                  "startup or retry (after a failed attempt).", ("kind",))  # fmt: skip
+        self.recovery_s = histogram("recovery_duration_seconds", "Time of a recovery: fencing every id, resolving "
+                                    "prepared transactions, reading the ledgers.")  # fmt: skip
+        self.resolved = counter("resolved_transactions_total", "Prepared transactions a recovery resolved (sinks "
+                                "whose prepared transactions survive, e.g. PostgreSQL), by outcome.",
+                                ("outcome",))  # fmt: skip
         self.replayed = counter("replayed_epochs_total", "Committed epochs that were replays: retried after a failed "
                                 "attempt, or logged but uncommitted when the pipeline started.")  # fmt: skip
         self.replay_slots = counter("replay_skipped_slots_total", "(sink, slot) pairs skipped in a replay because "
@@ -175,9 +201,10 @@ class PipelineMetrics(EpochListener):
         """Create the known series at 0, so rate() and increase() see the first increment."""
         s = self.shape
         p = s.pipeline
-        self.info.labels(p, "exactly-once" if s.exactly_once else "at-least-once", str(s.slots), __version__).set(1)
+        mode = "exactly-once" if s.exactly_once else "at-least-once"
+        self.info.labels(p, mode, str(s.parallelism), __version__).set(1)
         self.trigger.labels(p).set(s.trigger_s)
-        self.txn_timeout.labels(p).set(s.transaction_timeout_s)
+        self.epoch_timeout.labels(p).set(s.epoch_timeout_s)
         for metric in (self.attempts, self.committed, self.aborted, self.retried, self.fenced, self.replayed,
                        self.replay_slots):  # fmt: skip
             metric.labels(p)
@@ -193,21 +220,19 @@ class PipelineMetrics(EpochListener):
             self.dlq.labels(p, source)
         for source in s.skip_sources:
             self.skipped.labels(p, source)
-        written = [*s.sinks, *(f"{src}.dlq" for src in s.dlq_sources)]
-        for sink in written:
-            for slot in range(s.slots):
-                self.slot_records.labels(p, sink, str(slot))
-                if s.exactly_once:
-                    self.txn_commits.labels(p, sink, str(slot))
-                    self.txn_aborts.labels(p, sink, str(slot))
+        if s.exactly_once:
+            for sink in s.written:
+                for lease in LEASES:
+                    self.leases.labels(p, sink, lease)
 
     # -- protocol events -----------------------------------------------------------------------
     def on_recovery(self, report: RecoveryReport) -> None:
         p = self.shape.pipeline
         self.recoveries.labels(p, "retry" if self._epochs_started else "startup").inc()
         self.fenced.labels(p).inc(report.fenced_ids)
-        if report.fenced_ids:
-            self.fence_s.labels(p).observe(report.fence_s)
+        self.recovery_s.labels(p).observe(report.duration_s)
+        for outcome, n in report.resolved.items():
+            self.resolved.labels(p, outcome).inc(n)
 
     def on_epoch_start(self, epoch: int, attempt: int) -> None:
         self._epochs_started += 1
@@ -220,16 +245,18 @@ class PipelineMetrics(EpochListener):
 
     def on_attempt_failed(self, votes: AttemptVotes) -> None:
         p = self.shape.pipeline
-        for slot, records in votes.prepared.items():
+        for slot, sinks in votes.prepared.items():
             counter = self.txn_commits if slot in votes.committed else self.txn_aborts
-            for sink in records:
+            for sink in sinks:
                 counter.labels(p, sink, str(slot)).inc()
 
     def on_epoch_committed(self, report: EpochReport) -> None:
         p = self.shape.pipeline
+        eo = self.shape.exactly_once
         self.committed.labels(p).inc()
         self.last_epoch.labels(p).set(report.epoch)
         self.last_committed_ts.labels(p).set(report.committed_at)
+        self.slots.labels(p).set(len(report.slots))
         for sink, n in report.records_out.items():
             if sink.endswith(".dlq"):
                 self.dlq.labels(p, sink.removesuffix(".dlq")).inc(n)
@@ -242,30 +269,23 @@ class PipelineMetrics(EpochListener):
         self.replay_slots.labels(p).inc(report.skipped_slots)
         if report.attempts > 1 or report.skipped_slots or report.epoch == self.replay_epoch:
             self.replayed.labels(p).inc()
-        phases = {
-            "read_process": report.read_process_s,
-            "precommit": report.precommit_s,
-            "agreement": report.agreement_s,
-            "commit": report.commit_s if self.shape.exactly_once else None,
-        }
-        for phase, seconds in phases.items():
-            if seconds is not None:
-                self.phase_s.labels(p, phase).observe(seconds)
-        if self.shape.exactly_once:
-            self.vote_wait_s.labels(p).observe(report.vote_wait_s)
-        for slot_report in report.slot_reports:
-            self._slot(slot_report)
-
-    def _slot(self, report: dict[str, Any]) -> None:
-        p, slot = self.shape.pipeline, str(report["slot"])
-        for sink, n in report.get("records", {}).items():
-            self.slot_records.labels(p, sink, slot).inc(n)
-            if self.shape.exactly_once:  # one transaction per sink with records in this slot
-                self.txn_commits.labels(p, sink, slot).inc()
-        for phase in SLOT_PHASES:
-            seconds = report.get(f"{phase}_s")
-            if seconds is not None:
-                self.slot_phase_s.labels(p, phase).observe(seconds)
+        self.phase_s.labels(p, "write").observe(report.job_s)
+        if eo:
+            self.phase_s.labels(p, "decide").observe(report.decide_s)
+            self.phase_s.labels(p, "commit").observe(report.commit_s)
+        for slot in report.slots:
+            label = str(slot.slot)
+            self.slot_phase_s.labels(p, "write").observe(slot.write_s)
+            self.slot_phase_s.labels(p, "precommit").observe(slot.precommit_s)
+            for sink, work in slot.sinks.items():
+                if work.records:
+                    self.slot_records.labels(p, sink, label).inc(work.records)
+                if work.prepared is None or not eo:
+                    continue
+                self.txn_commits.labels(p, sink, label).inc()
+                self.leases.labels(p, sink, "reused" if work.reused else "initialised").inc()
+                if not work.reused:
+                    self.slot_phase_s.labels(p, "init").observe(work.init_s)
 
     # -- Spark's progress ----------------------------------------------------------------------
     def on_spark_progress(self, progress: dict[str, Any]) -> None:
@@ -279,18 +299,17 @@ class PipelineMetrics(EpochListener):
         for key in SPARK_KEYS:
             if key in durations:
                 self.spark_s.labels(p, key).observe(durations[key] / 1000)
-        sources = progress.get("sources") or []
-        ends = [s.get("endOffset") for s in sources]
-        names = source_names(self.config, ends) if self.config is not None else [None] * len(sources)
-        for source, name in zip(sources, names, strict=True):
-            self.spark_rows.labels(p, name or "unknown").inc(max(0, int(source.get("numInputRows") or 0)))
+        # Spark's source i is the pipeline's source i.
+        for name, source in zip(self.shape.sources, progress.get("sources") or [], strict=False):
+            self.spark_rows.labels(p, name).inc(max(0, int(source.get("numInputRows") or 0)))
         if self.lag is not None:
             for name, n in self.lag.on_progress(progress).items():
                 self.offsets_in.labels(p, name).inc(n)
 
 
 class _ScrapeTimeCollector:
-    """Values computed when Prometheus scrapes: the epoch's phase, open transaction age, lag."""
+    """Values computed when Prometheus scrapes: the epoch's phase, open transaction age, pools,
+    lag, lingering transactions, a takeover by another driver."""
 
     def __init__(self, metrics: PipelineMetrics):
         self.m = metrics
@@ -303,7 +322,7 @@ class _ScrapeTimeCollector:
 
     def _families(self, with_samples: bool = False) -> Iterator[Metric]:
         pipeline = self.m.shape.pipeline
-        tracker, lag = self.m.tracker, self.m.lag
+        tracker, lag, coordinator = self.m.tracker, self.m.lag, self.m.coordinator
         age = GaugeMetricFamily(
             _name("oldest_open_transaction_age_seconds"),
             "Seconds since the oldest sink transaction of this pipeline that may still be open began (measured "
@@ -316,16 +335,30 @@ class _ScrapeTimeCollector:
         )  # fmt: skip
         current = GaugeMetricFamily(_name("current_epoch"), "The epoch in flight (or the last one).",
                                     labels=["pipeline"])  # fmt: skip
+        pools = GaugeMetricFamily(
+            _name("producer_pool_size"), "Transactional identities in each sink's pool (ids 0..size-1 were handed "
+            "out; the pool grows when every id is busy, and recovery fences all of them).", labels=["pipeline", "sink"],
+        )  # fmt: skip
         lag_family = GaugeMetricFamily(
-            _name("source_lag_offsets"), "End offset of each source partition (LSO for read_committed sources) "
-            "minus the end offset of the last committed epoch.", labels=["pipeline", "source", "topic", "partition"],
+            _name("source_lag_offsets"), "Newest readable offset of each source partition (the last stable offset "
+            "for read_committed sources) minus the end offset of the last committed epoch.",
+            labels=["pipeline", "source", "topic", "partition"],
         )  # fmt: skip
-        stuck = GaugeMetricFamily(
-            _name("topic_lso_stuck_seconds"), "How long the topic's last stable offset has been stuck below its high "
-            "watermark (an open transaction pins it; every read_committed reader waits). Sink and ledger topics.",
-            labels=["pipeline", "topic"],
+        lingering = GaugeMetricFamily(
+            _name("lingering_transaction_seconds"), "How long the oldest transaction the sink reports as left open "
+            "(SinkConnector.lingering(): for Kafka, a sink or ledger topic partition whose last stable offset is "
+            "stuck below its high watermark) has stayed; 0 when none.", labels=["pipeline", "sink"],
         )  # fmt: skip
-        failures = CounterMetricFamily(_name("lag_query_failures"), "Failed end-offset queries for lag monitoring.",
+        lingering_n = GaugeMetricFamily(
+            _name("lingering_transactions"), "Open transactions (Kafka: pinned partitions) each sink reports now.",
+            labels=["pipeline", "sink"],
+        )  # fmt: skip
+        taken_over = GaugeMetricFamily(
+            _name("driver_fenced"), "1 once the control log shows that another driver took the pipeline over: this "
+            "driver can no longer commit and stops at its next decision; 0 otherwise (checked every 30 s).",
+            labels=["pipeline"],
+        )  # fmt: skip
+        failures = CounterMetricFamily(_name("lag_query_failures"), "Failed source lag queries (lag is stale).",
                                        labels=["pipeline"])  # fmt: skip
         if with_samples:
             if tracker is not None:
@@ -335,13 +368,20 @@ class _ScrapeTimeCollector:
                     phase.add_metric([pipeline, name], 1.0 if name == now.name else 0.0)
                 if now.epoch is not None:
                     current.add_metric([pipeline], now.epoch)
+            if coordinator is not None:
+                for sink, size in sorted(coordinator.pool_sizes().items()):
+                    pools.add_metric([pipeline, sink], size)
             if lag is not None:
                 for row in lag.snapshot():
                     lag_family.add_metric([pipeline, row.source, row.topic, str(row.partition)], row.lag)
-                for topic, seconds in lag.stable.stuck_seconds().items():
-                    stuck.add_metric([pipeline, topic], seconds)
+                for sink, seconds in lag.lingering.stuck_seconds().items():
+                    lingering.add_metric([pipeline, sink], seconds)
+                for sink, n in lag.lingering.counts().items():
+                    lingering_n.add_metric([pipeline, sink], n)
                 failures.add_metric([pipeline], lag.failures)
-        yield from (age, phase, current, lag_family, stuck, failures)
+                if lag.driver is not None:
+                    taken_over.add_metric([pipeline], 1.0 if lag.driver.taken_over_by is not None else 0.0)
+        yield from (age, phase, current, pools, lag_family, lingering, lingering_n, taken_over, failures)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,12 +433,15 @@ def series_names(registry: CollectorRegistry) -> set[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def transaction_timeout_s(targets: Iterable[Any], epoch_timeout_s: float) -> float:
-    """The smallest transaction.timeout.ms of the sink producers (eos_connectors.kafka.sink's rule:
-    max(60 s, twice the epoch timeout) unless the sink's client config sets it)."""
-    default = max(60.0, 2 * epoch_timeout_s)
-    values = [float(t.client.get("transaction.timeout.ms", default * 1000)) / 1000 for t in targets if t.topic]
-    return min(values, default=default)
+def committed_at(checkpoint: Any, epoch: int) -> float | None:
+    """When Spark wrote the commit log entry of `epoch` (the file's modification time)."""
+    try:
+        if checkpoint.local is not None:
+            return (checkpoint.local / "commits" / str(epoch)).stat().st_mtime
+        files = checkpoint.files
+        return files.fs.getFileStatus(files._path(f"commits/{epoch}")).getModificationTime() / 1000
+    except Exception:  # monitoring only
+        return None
 
 
 @dataclass
@@ -409,6 +452,7 @@ class Telemetry:
     lag: LagMonitor | None = None
     metrics: PipelineMetrics | None = None
     server: MetricsServer | None = None
+    closing: list[Any] = field(default_factory=list)
 
     @property
     def listeners(self) -> list[EpochListener]:
@@ -417,8 +461,29 @@ class Telemetry:
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
+            self.server = None
         if self.lag is not None:
             self.lag.stop()
+        for item in self.closing:
+            try:
+                item.close()
+            except Exception:
+                log.debug("closing %s failed", type(item).__name__, exc_info=True)
+        self.closing = []
+
+
+def shape_of(config: Any, found: Any, parallelism: int) -> PipelineShape:
+    return PipelineShape(
+        pipeline=config.name,
+        parallelism=parallelism,
+        exactly_once=config.exactly_once,
+        sources=[s.name for s in found.sources],
+        sinks=[s.name for s in config.sinks],
+        dlq_sources=[s.name for s in found.sources if f"{s.name}.dlq" in {k.name for k in found.sinks}],
+        skip_sources=[s.name for s in found.sources if s.entry.on_error == "skip"],
+        trigger_s=config.epochs.trigger_seconds or 0.0,
+        epoch_timeout_s=config.epochs.timeout,
+    )
 
 
 def start_telemetry(
@@ -429,8 +494,45 @@ def start_telemetry(
     metrics_port: int | None,
     lag: bool,
 ) -> Telemetry:
-    """Set up the observers of a run; starts the metrics server if metrics_port is not None."""
-    telemetry = Telemetry(EpochTracker(0, config.exactly_once, coordinator))
+    """Set up the observers of a run: the phase tracker always; the lag monitor (sources' lag,
+    sinks' lingering transactions) for the progress lines or the metrics; the metrics and their
+    HTTP server if metrics_port is not None."""
+    telemetry = Telemetry(EpochTracker(config.exactly_once, coordinator))
+    if not lag and metrics_port is None:
+        return telemetry
+    meta = checkpoint.read_meta()
+    try:
+        lines = committed_lines(checkpoint, found.sources, meta.sources if meta else None)
+    except Exception as exc:  # a corrupt offset log stops the run elsewhere, not here
+        log.warning("source lag: %s", exc)
+        lines = [None] * len(found.sources)
+    driver = None
+    if metrics_port is not None and config.exactly_once and coordinator is not None:
+        control = found.sources[0].control_log()
+        telemetry.closing.append(control)
+        driver = DriverWatch(control.previous_driver, str(coordinator.identity.get("run", "")))
+    # The lingering and takeover watches feed only the metrics; the progress lines need the lag.
+    watched = found.sinks if config.exactly_once and metrics_port is not None else ()
+    telemetry.lag = LagMonitor(found.sources, lines, sinks=watched, driver=driver)
+    telemetry.lag.start()
     if metrics_port is None:
         return telemetry
-    raise EnvironmentProblem("metrics are being rewired to the new protocol")
+    last = checkpoint.last_committed_epoch()
+    parallelism = int((meta.replay if meta else {}).get("parallelism") or config.epochs.slots or 0)
+    telemetry.metrics = PipelineMetrics(
+        shape_of(config, found, parallelism),
+        telemetry.tracker,
+        telemetry.lag,
+        coordinator,
+        replay_epoch=checkpoint.pending_replay(),
+        last_committed=(last, committed_at(checkpoint, last)) if last is not None else None,
+    )
+    try:
+        telemetry.server = start_metrics_server(telemetry.metrics.registry, metrics_port)
+    except OSError as exc:
+        telemetry.close()
+        raise EnvironmentProblem(
+            f"metrics: cannot listen on port {metrics_port}: {exc}", hint="choose another --metrics-port (0: any)"
+        ) from None
+    print(f"eos: metrics of {config.name} at http://<driver>:{telemetry.server.port}/metrics", file=sys.stderr)
+    return telemetry

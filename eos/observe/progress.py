@@ -1,11 +1,12 @@
 """Per-epoch progress for people, and Spark's own progress as events.
 
-One permanent line per committed epoch: records in (Spark's progress) and out, rate, the time
-each protocol phase took, and the source lag. Recoveries and aborted attempts get a line of
-their own. On a terminal a transient status line below them shows the epoch in flight and
-its phase (read+process+pre-commit, agreement k/n, commit k/n, mark committed), refreshed
-four times a second; anywhere else (a pipe, a log file, TERM=dumb) only the plain lines are
-written.
+One permanent line per committed epoch: offsets in and records out, the rate, the time each
+phase took (Spark's planning, the job that reads, writes and pre-commits every slot, recording
+the decision, the commit, Spark's commit log), the slots and their producers (reused or
+initialised), and the source lag. Recoveries and aborted attempts get a line of their own. On a
+terminal a transient status line below them shows the epoch in flight and its phase (write with
+the transactions prepared so far, decide, commit k/n, mark committed), refreshed four times a
+second; anywhere else (a pipe, a log file, TERM=dumb) only the plain lines are written.
 
 SparkProgressBridge turns Spark's StreamingQueryListener callbacks into `on_spark_progress`
 calls, once per batch, and catches up from `query.recentProgress` when the query ends (the
@@ -20,9 +21,9 @@ import threading
 import time
 from typing import IO, Any
 
-LagMonitor = Any  # rewired below
 from pyspark.sql.streaming import StreamingQueryListener
 
+from eos.observe.lag import LagMonitor
 from eos.observe.tracker import EpochTracker
 from eos.protocol.report import EpochListener, EpochReport, RecoveryReport
 
@@ -37,7 +38,11 @@ def _ms(seconds: float | None) -> str:
 
 
 def epoch_line(
-    report: EpochReport, progress: dict[str, Any] | None, lag: int | None = None, consumed: int | None = None
+    report: EpochReport,
+    progress: dict[str, Any] | None,
+    lag: int | None = None,
+    consumed: int | None = None,
+    exactly_once: bool = True,
 ) -> str:
     """The permanent line of a committed epoch. "in" is the offsets the epoch consumed when known
     (Spark's numInputRows counts a source once per scan: twice with a dead-letter split)."""
@@ -47,19 +52,22 @@ def epoch_line(
     total_s = durations.get("triggerExecution", report.job_s * 1000) / 1000
     rate = (records_in if records_in is not None else out) / total_s if total_s > 0 else 0.0
     plan_ms = sum(durations.get(k, 0) for k in PLAN_KEYS)
+    leased = [w for slot in report.slots for w in slot.sinks.values() if w.prepared is not None and exactly_once]
+    reused = sum(1 for w in leased if w.reused)
     extras = []
-    if report.replay_skipped or report.skipped_slots:
+    if any(report.replay_skipped.values()) or report.skipped_slots:
         extras.append(f"replay: {report.skipped_slots} slot(s) already committed, skipped")
     if report.counted_only:
         extras.append(f"poison skipped: {sum(report.counted_only.values())}")
     if report.attempts > 1:
         extras.append(f"attempts {report.attempts}")
     mark = f" mark {durations['commitOffsets']}ms" if "commitOffsets" in durations else ""
+    plan = f"plan {plan_ms:.0f}ms " if progress is not None else ""
     return (
         f"epoch {report.epoch} committed | in {records_in if records_in is not None else '?'} | out {out} | "
-        f"{rate:,.0f} rec/s | plan {plan_ms:.0f}ms read+process {_ms(report.read_process_s)} "
-        f"pre-commit {_ms(report.precommit_s)} agree {_ms(report.agreement_s)} "
-        f"(wait {_ms(report.vote_wait_s)}) commit {_ms(report.commit_s)}{mark}"
+        f"{rate:,.0f} rec/s | {plan}job {_ms(report.job_s)} decide {_ms(report.decide_s)} "
+        f"commit {_ms(report.commit_s)}{mark} | {len(report.slots)} slots"
+        + (f", {len(leased)} txns ({reused} producers reused)" if leased else "")
         + (f" | lag {lag:,}" if lag is not None else "")
         + (f" | {'; '.join(extras)}" if extras else "")
     )
@@ -135,9 +143,11 @@ class ProgressPrinter(EpochListener):
     # -- events ----------------------------------------------------------------------------------
     def on_recovery(self, report: RecoveryReport) -> None:
         slots = ", ".join(f"{sink}/{slot}:{entry.epoch}" for (sink, slot), entry in sorted(report.ledger.items()))
+        resolved = ", ".join(f"{n} {what}" for what, n in sorted(report.resolved.items()) if n)
         self._print(
-            f"recovery ({report.reason}): fenced {report.fenced_ids} transactional ids in {_ms(report.fence_s)}; "
-            f"ledger: {slots or 'empty'}"
+            f"recovery ({report.reason}): fenced {report.fenced_ids} transactional ids"
+            + (f", resolved {resolved}" if resolved else "")
+            + f" in {_ms(report.duration_s)}; ledger: {slots or 'empty'}"
         )
 
     def on_epoch_start(self, epoch: int, attempt: int) -> None:
@@ -172,8 +182,11 @@ class ProgressPrinter(EpochListener):
         if self.lag is not None:
             if progress is not None:
                 consumed = sum(self.lag.on_progress(progress).values())
+                # The lag after this epoch, not before it: its query runs on the monitor thread.
+                self.lag.wait_fresh(timeout_s=2.0)
             lag = self.lag.total()
-        line = epoch_line(report, progress, lag, consumed)
+        exactly_once = self.tracker.exactly_once if self.tracker is not None else True
+        line = epoch_line(report, progress, lag, consumed, exactly_once)
         out = sum(report.records_out.values())
         self._last = f"epoch {report.epoch}, {out:,} out"
         self._print(line)

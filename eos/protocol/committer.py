@@ -22,6 +22,7 @@ uncommitted epoch with the same offsets and state.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import uuid
@@ -53,12 +54,21 @@ from eos.protocol.slot import REPORT_SCHEMA, slot_task
 log = logging.getLogger("eos.protocol")
 
 
+_RAISED = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception|Failure)): (.+)$")
+
+
 def reason_of(exc: BaseException) -> str:
-    """The line a user should see for a failed attempt."""
+    """The line a user should see for a failed attempt: the typed eos error it carries, else the
+    innermost Python exception Spark quotes (its traceback's last line), else the first line."""
     typed = exc if isinstance(exc, EosError) else from_spark(exc)
     if typed is not None:
         return typed.message
-    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    raised = [m for m in (_RAISED.match(line) for line in lines) if m and "Py4JJavaError" not in m.group(1)]
+    if raised:
+        last = raised[-1]
+        return f"{last.group(1)}: {last.group(2)[:300]}"
+    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
 
 
 class EpochCommitter:
@@ -210,7 +220,7 @@ class EpochCommitter:
         votes = self.coordinator.votes(plan.epoch, plan.attempt)
         prepared: dict[int, dict[str, int]] = defaultdict(dict)
         for vote in votes:
-            prepared[vote.slot][vote.sink] = 1
+            prepared[vote.slot][vote.sink] = vote.records
         committed = frozenset(v.slot for v in votes if v.committed)
         self._emit("on_attempt_failed", AttemptVotes(plan.epoch, plan.attempt, dict(prepared), committed))
 
@@ -244,7 +254,7 @@ class EpochCommitter:
         self._emit("on_phase", plan.epoch, plan.attempt, WRITE)
         reports = self._run_job(df, plan)
         job_s = time.perf_counter() - started
-        prepared = [p for r in reports for p in r.prepared()]
+        prepared = [p for r in reports for p in r.prepared()] if self.pipeline.exactly_once else []
         decide_s = commit_s = 0.0
         if self.pipeline.exactly_once and prepared:
             decided = time.perf_counter()
@@ -280,12 +290,25 @@ class EpochCommitter:
         sc = self.spark.sparkContext
         tag = f"eos-{self.pipeline.name}-{plan.epoch}-{plan.attempt}-{uuid.uuid4().hex[:6]}"
         # A task that hangs (a stalled read, a stuck broker) ends with the attempt.
-        watchdog = threading.Timer(self.timeout_s, lambda: sc.cancelJobsWithTag(tag))
+        timed_out = threading.Event()
+
+        def cancel() -> None:
+            timed_out.set()
+            sc.cancelJobsWithTag(tag)
+
+        watchdog = threading.Timer(self.timeout_s, cancel)
         watchdog.daemon = True
         sc.addJobTag(tag)
         watchdog.start()
         try:
             rows = df.mapInArrow(slot_task(plan), REPORT_SCHEMA).collect()
+        except Exception:
+            if timed_out.is_set():
+                raise SlotAborted(
+                    f"epoch {plan.epoch} attempt {plan.attempt} timed out: its Spark job ran longer than "
+                    f"epochs.timeout ({self.timeout_s:.0f} s) and was cancelled"
+                ) from None
+            raise
         finally:
             watchdog.cancel()
             sc.removeJobTag(tag)
@@ -341,11 +364,12 @@ class EpochCommitter:
         writers = {p.name: p.writer is not None for p in plan.sinks}
         for report in reports:
             for sink, work in report.sinks.items():
-                if writers[sink]:
-                    records[sink] += work.records
-                    skipped[sink] += work.skipped
-                else:
+                if not writers[sink]:
                     counted[sink] += work.skipped
+                    continue
+                records[sink] += work.records
+                if work.skipped:
+                    skipped[sink] += work.skipped
         return EpochReport(
             epoch=plan.epoch,
             attempts=plan.attempt,

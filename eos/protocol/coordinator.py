@@ -60,6 +60,7 @@ class Vote:
     handle: str
     lease: int | None
     task_attempt: int
+    records: int = 0
     decision: str | None = None
     reason: str = ""
     committed: bool = False
@@ -243,7 +244,10 @@ class Coordinator:
         return {"decision": ABORT, "error": f"unexpected request {op!r}"}
 
     def _await_decision(self, state: AttemptState, key: tuple[str, str], request: dict[str, Any]) -> dict[str, Any]:
-        vote = Vote(int(request["slot"]), key[0], key[1], request.get("lease"), int(request.get("task_attempt", 0)))
+        vote = Vote(
+            int(request["slot"]), key[0], key[1], request.get("lease"), int(request.get("task_attempt", 0)),
+            int(request.get("records", 0)),
+        )  # fmt: skip
         state.votes[key] = vote
         self._lock.notify_all()
         while True:

@@ -78,12 +78,16 @@ class ControlLog(ABC):
     """Driver-side; provided by a connector (see module doc)."""
 
     @abstractmethod
+    def state(self) -> ControlState:
+        """What the log holds now, read without taking anything over (and without creating it)."""
+
     def previous_driver(self) -> DriverInfo | None:
         """The last driver that took the pipeline over (to ask whether it still runs)."""
+        return self.state().previous
 
-    @abstractmethod
     def decision(self) -> Decision | None:
         """The last recorded decision (what recovery resumes)."""
+        return self.state().decision
 
     @abstractmethod
     def take_over(self, driver: DriverInfo) -> ControlState:

@@ -34,10 +34,12 @@ log = logging.getLogger("eos.recovery")
 
 
 def by_system(sinks: list[SinkConnector]) -> dict[tuple[type[SinkConnector], str], list[SinkConnector]]:
-    groups: dict[tuple[type[SinkConnector], str], list[SinkConnector]] = defaultdict(list)
+    """Sinks grouped by kind and system; the key's class is the group's first sink's (a
+    specialised sink, such as a dead-letter queue, groups with the other sinks of its kind)."""
+    groups: dict[tuple[str, str], list[SinkConnector]] = defaultdict(list)
     for sink in sinks:
-        groups[(type(sink), sink.system())].append(sink)
-    return dict(groups)
+        groups[(type(sink).kind, sink.system())].append(sink)
+    return {(type(group[0]), system): group for (_, system), group in groups.items()}
 
 
 def recover(

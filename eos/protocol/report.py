@@ -76,7 +76,7 @@ class AttemptVotes:
 
     epoch: int
     attempt: int
-    prepared: dict[int, dict[str, int]]  # slot -> sink -> records
+    prepared: dict[int, dict[str, int]]  # slot -> sink -> records in its pre-committed transaction
     committed: frozenset[int]
 
 
@@ -84,7 +84,7 @@ class AttemptVotes:
 class RecoveryReport:
     fenced_ids: int
     resolved: dict[str, int]  # RESUME sinks: prepared transactions committed / rolled back
-    fence_s: float
+    duration_s: float  # the whole recovery: fence, resolve, read the ledgers
     ledger: Ledger
     reason: str
 

@@ -178,7 +178,7 @@ def _hand_over(ctx: TaskContext, writer: SlotWriter, work: SinkWork) -> None:
 
 def _await_and_commit(ctx: TaskContext, vote: VoteClient, writer: SlotWriter, prepared: Any) -> None:
     fields = {"sink": prepared.sink, "handle": prepared.handle, "slot": ctx.slot, "task_attempt": ctx.task_attempt,
-              "lease": prepared.detail.get("lease")}  # fmt: skip
+              "lease": prepared.detail.get("lease"), "records": prepared.records}  # fmt: skip
     try:
         reply = vote.request("prepared", **fields)
         if reply.get("decision") != COMMIT:

@@ -1,66 +1,58 @@
-"""`eos status`: where a pipeline stands, read from its checkpoint and from Kafka, without
-touching it. Works while the pipeline is stopped (and, read-only, while it runs).
+"""`eos status`: where a pipeline stands, read from its checkpoint, its control log, its sinks and
+its sources, without touching any of them. Works while the pipeline is stopped, and (read-only)
+while it runs.
 
-- checkpoint: last logged and last committed epoch (Spark's offset and commit logs), whether an
-  epoch waits to be replayed, whether a process holds the checkpoint now;
-- ledger: the last epoch each (sink, slot) committed. Read with read_committed up to the last
-  stable offset, WITHOUT fencing: fencing would abort a running pipeline's open transaction.
-  An LSO below the high watermark means a transaction is open on the ledger topic (an epoch in
-  flight, or a lingering one); entries beyond it are not visible yet, and status says so.
-  `fence=True` fences every transactional id first (as recovery does), then reads it all;
-- transactions: the state of the pipeline's transactional ids, from Kafka's own
-  TransactionsCommand (kafka-tools, in the local broker's jar cache): confluent-kafka 2.16 has
-  no ListTransactions / DescribeTransactions. Without Java or the jars this part says so;
-  the LSO checks below still show whether anything is open;
-- sink and ledger topics: partitions whose LSO is below the high watermark (open transactions
-  pin them: every read_committed reader waits there), whoever owns them;
-- source lag per partition: end offset (LSO for read_committed sources) minus the end offset of
-  the last committed epoch in the checkpoint; the consumer group `eos-<pipeline>.<source>` is
-  shown beside it (it is published one epoch late, for external lag monitors).
+- checkpoint: last logged and last committed epoch (Spark's offset and commit logs) and whether
+  an epoch waits to be replayed. A local checkpoint is read with plain file IO; any other
+  (`hdfs://`, `s3a://`, ...) through Hadoop's FileSystem in a small JVM gateway started only then;
+- control log: the driver that took the pipeline over last (host, pid, vote service address) and
+  whether it answers a ping (then the pipeline runs), the last recorded commit decision, and the
+  pools of transactional ids. Read up to the last stable offset, never fencing, never creating
+  the topic;
+- ledger: the last epoch each (sink, slot) committed. Kafka ledgers are read with read_committed
+  up to the last stable offset, WITHOUT fencing (fencing would abort a running pipeline's open
+  epoch): an open transaction on the ledger topic (an epoch in flight, or a lingering one) hides
+  the entries behind it, and status says so;
+- lingering transactions: what each sink reports open (`SinkConnector.lingering()`: for Kafka,
+  sink and ledger topic partitions whose last stable offset is stuck below the high watermark),
+  and for Kafka the state of every id of the pools from Kafka's own TransactionsCommand
+  (kafka-tools, in the local broker's jar cache; confluent-kafka has no DescribeTransactions).
+  Without Java or the jars that part says so; the stable-offset checks still show what is open;
+- source lag per partition (`SourceConnector.lag()` against the last committed epoch's line).
+
+`--fence` fences and resolves the way recovery does (eos.protocol.recovery: every id of every
+recorded pool, then RESUME sinks resolved against the recorded decision), then reads the whole
+ledger. It refuses while the pipeline's driver answers, unless forced: that would abort the
+running pipeline's open epoch (it is retried).
 """
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from eos.config import PipelineConfig
-from eos.protocol.checkpoint import Checkpoint, CheckpointMeta
-from eos_connectors.kafka.clients import UnknownTopic, admin_client, describe_partitions, end_offsets
-from eos_connectors.kafka.lag import committed_from_checkpoint, compute_lag, source_end_offsets
-from eos_connectors.kafka.ledger import LedgerEntry, fence, read_ledger, scan_ledger
+from eos.errors import CheckpointError, EosError
+from eos.observe.lag import committed_lines, source_lag
+from eos.pipeline import Connectors, connectors, pipeline_info
+from eos.protocol import recovery
+from eos.protocol.checkpoint import Checkpoint, CheckpointMeta, is_local
+from eos.protocol.coordinator import ping
+from eos.protocol.decision import Decision, DriverInfo, Pool, decode
+from eos.protocol.sink import SinkConnector
 
 OPEN_STATES = {"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"}
 TOOLS_CLASS = "org.apache.kafka.tools.TransactionsCommand"
-
-
-@dataclass
-class Cluster:
-    client: dict[str, Any]
-    ids: list[str] = field(default_factory=list)  # transactional ids of the pipeline on it
-    topics: list[str] = field(default_factory=list)  # sink (and DLQ) topics on it
-
-
-def _clusters(config: PipelineConfig, slots: int) -> list[Cluster]:
-    from eos.pipeline import sink_targets
-
-    clusters: dict[str, Cluster] = {}
-    for target in sink_targets(config).values():
-        if target.topic is None:
-            continue
-        key = json.dumps(target.client, sort_keys=True)
-        cluster = clusters.setdefault(key, Cluster(target.client))
-        cluster.ids += [f"{target.transactional_prefix}-{slot}" for slot in range(slots)]
-        cluster.topics.append(target.topic)
-    return list(clusters.values())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,40 +60,173 @@ def _clusters(config: PipelineConfig, slots: int) -> list[Cluster]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _holder(checkpoint: Checkpoint) -> str | None:
-    """Who holds the checkpoint's run lock ("pid N"), or None if nobody runs it. Probes with a
-    shared lock, released at once, so a starting runner is never kept out for long."""
-    path = checkpoint.meta_dir / "lock"
-    if not path.exists():
-        return None
-    fd = os.open(path, os.O_RDONLY)
+class JvmGateway:
+    """A bare Spark JVM (py4j, no SparkContext) for Hadoop's FileSystem: what Checkpoint needs to
+    read a non-local checkpoint. `spark.hadoop.*` settings of the pipeline file apply."""
+
+    def __init__(self, conf: dict[str, str]):
+        from pyspark import SparkConf
+        from pyspark.java_gateway import launch_gateway
+
+        spark_conf = SparkConf(loadDefaults=False)
+        spark_conf.set("spark.driver.memory", "256m")
+        for key, value in conf.items():
+            spark_conf.set(key, value)
+        # Under spark-submit this is the driver's own gateway: used, never shut down.
+        self.owned = "PYSPARK_GATEWAY_PORT" not in os.environ
+        self.gateway = launch_gateway(
+            spark_conf, popen_kwargs={"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        )
+        jvm = self.gateway.jvm
+        hadoop = jvm.org.apache.hadoop.conf.Configuration()
+        for key, value in conf.items():
+            if key.startswith("spark.hadoop."):
+                hadoop.set(key.removeprefix("spark.hadoop."), value)
+        # What Checkpoint reads of a SparkSession.
+        self.session = SimpleNamespace(_jvm=jvm, _jsc=SimpleNamespace(hadoopConfiguration=lambda: hadoop))
+
+    def close(self) -> None:
+        proc = getattr(self.gateway, "proc", None)
+        if not self.owned or proc is None:
+            with contextlib.suppress(Exception):
+                self.gateway.close()
+            return
+        with contextlib.suppress(Exception):
+            self.gateway.shutdown()
+        if proc is not None:
+            with contextlib.suppress(Exception):
+                proc.stdin.close()  # the gateway server exits at the end of its stdin
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+def open_checkpoint(config: PipelineConfig, base_dir: Path | None, jvm: bool | None = None) -> tuple[Checkpoint, Any]:
+    """The checkpoint, and the JVM gateway opened for it (None for a local path, unless `jvm`)."""
+    location = config.checkpoint_path(base_dir)
+    if jvm is None:
+        jvm = not is_local(location)
+    if not jvm:
+        return Checkpoint(location), None
+    gateway = JvmGateway({k: str(v) for k, v in config.spark.conf.items()})
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return os.read(fd, 100).decode(errors="replace").strip() or "unknown"
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        if not is_local(location):
+            return Checkpoint(location, gateway.session), gateway
+        # Forced (tests): a local checkpoint read through Hadoop's local FileSystem, exactly as an
+        # hdfs:// one would be (Checkpoint itself reads local paths with plain file IO).
+        from eos.protocol.checkpoint import _HadoopFiles, local_path
+
+        checkpoint = Checkpoint(location)
+        session = gateway.session
+        uri = local_path(location).as_uri()
+        checkpoint.files = _HadoopFiles(uri, session._jvm, session._jsc.hadoopConfiguration())
+        return checkpoint, gateway
+    except Exception:
+        gateway.close()
+        raise
+
+
+def _modified(checkpoint: Checkpoint, rel: str) -> float | None:
+    try:
+        if checkpoint.local is not None:
+            return (checkpoint.local / rel).stat().st_mtime
+        files: Any = checkpoint.files
+        return files.fs.getFileStatus(files._path(rel)).getModificationTime() / 1000
+    except Exception:
         return None
-    finally:
-        os.close(fd)
 
 
-def checkpoint_status(checkpoint: Checkpoint, meta: CheckpointMeta | None) -> dict[str, Any]:
+def checkpoint_status(checkpoint: Checkpoint, meta: CheckpointMeta | None, jvm: bool) -> dict[str, Any]:
     logged, committed = checkpoint.last_logged_epoch(), checkpoint.last_committed_epoch()
-    committed_at = None
-    if committed is not None:
-        committed_at = (checkpoint.root / "commits" / str(committed)).stat().st_mtime
     return {
-        "path": str(checkpoint.root),
+        "location": checkpoint.uri,
+        "read_through": "a JVM gateway (Hadoop FileSystem)" if jvm else "local files",
         "exists": meta is not None,
         "checkpoint_id": meta.checkpoint_id if meta else None,
-        "slots": meta.slots if meta else None,
         "mode": meta.mode if meta else None,
-        "running": _holder(checkpoint),
+        "parallelism": (meta.replay or {}).get("parallelism") if meta else None,
         "last_logged_epoch": logged,
         "last_committed_epoch": committed,
-        "last_committed_at": committed_at,
-        "pending_replay": logged if logged is not None and (committed is None or committed < logged) else None,
+        "last_committed_at": _modified(checkpoint, f"commits/{committed}") if committed is not None else None,
+        "pending_replay": checkpoint.pending_replay(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Control log (read-only)
+# ---------------------------------------------------------------------------------------------
+
+
+def _kafka_stable_and_high(client: dict[str, Any], topic: str) -> dict[int, tuple[int, int]]:
+    """partition -> (last stable offset, high watermark); raises UnknownTopic."""
+    from eos_connectors.kafka.clients import admin_client, describe_topics, end_offsets
+
+    admin = admin_client(client)
+    partitions = {topic: describe_topics(admin, [topic])[topic].partitions}
+    high = end_offsets(admin, partitions, read_committed=False)
+    stable = end_offsets(admin, partitions, read_committed=True)
+    return {p: (stable[(t, p)], high[(t, p)]) for (t, p) in high}
+
+
+def read_control(found: Connectors) -> dict[str, Any]:
+    """The control log's records as they are now: {"driver", "decision", "pools"} (typed), and
+    where it lives; never waits on an open transaction, never creates the topic."""
+    control = found.sources[0].control_log()
+    try:
+        from eos_connectors.kafka.control import KINDS, KafkaControlLog
+
+        if isinstance(control, KafkaControlLog):
+            from eos_connectors.kafka.clients import UnknownTopic
+            from eos_connectors.kafka.ledger import control_key, scan
+
+            out: dict[str, Any] = {"where": control.topic, "exists": True, "open": False}
+            try:
+                offsets = _kafka_stable_and_high(control.client, control.topic)
+            except UnknownTopic:
+                return {**out, "exists": False, "driver": None, "decision": None, "pools": {}}
+            out["open"] = any(stable < high for stable, high in offsets.values())
+            latest = scan(control.client, control.topic, {p: s for p, (s, _) in offsets.items()}, strict=False)
+            records = {}
+            for kind in KINDS:
+                record = latest.get(control_key(control.pipeline, kind))
+                if record is not None:
+                    records[kind] = decode(record[1])[1]
+            out["driver"] = DriverInfo(**records["driver"]) if "driver" in records else None
+            out["decision"] = Decision(**records["decision"]) if "decision" in records else None
+            pools = records.get("pools", {}).get("pools", {})
+            out["pools"] = {name: Pool(**pool) for name, pool in pools.items()}
+            return out
+        # Another connector's control log: what its API tells (no pools).
+        return {"where": type(control).__name__, "exists": True, "open": False,
+                "driver": control.previous_driver(), "decision": control.decision(), "pools": {}}  # fmt: skip
+    finally:
+        control.close()
+
+
+def control_status(control: dict[str, Any]) -> dict[str, Any]:
+    driver: DriverInfo | None = control.get("driver")
+    answer = ping(driver.address) if driver is not None else None
+    answers = answer is not None and answer.get("run") in (None, driver.run)  # type: ignore[union-attr]
+    decision: Decision | None = control.get("decision")
+    summary = None
+    if decision is not None:
+        summary = {
+            "epoch": decision.epoch,
+            "attempt": decision.attempt,
+            "run": decision.run,
+            "decided_at": decision.decided_at,
+            "transactions": {sink: len(handles) for sink, handles in sorted(decision.prepared.items())},
+        }
+    pools = {name: {"size": p.size, "kind": p.kind, "system": p.system} for name, p in sorted(control["pools"].items())}
+    return {
+        "where": control["where"],
+        "exists": control["exists"],
+        "open_transaction": control["open"],
+        "driver": {**asdict(driver), "answers": answers} if driver is not None else None,
+        "decision": summary,
+        "pools": pools,
     }
 
 
@@ -110,55 +235,73 @@ def checkpoint_status(checkpoint: Checkpoint, meta: CheckpointMeta | None) -> di
 # ---------------------------------------------------------------------------------------------
 
 
-def stable_and_high(client: dict[str, Any], topic: str) -> dict[int, tuple[int, int]]:
-    """partition -> (last stable offset, high watermark)."""
-    admin = admin_client(client)
-    partitions = describe_partitions(admin, [topic])
-    high = end_offsets(admin, partitions, read_committed=False)
-    stable = end_offsets(admin, partitions, read_committed=True)
-    return {p: (stable[(t, p)], high[(t, p)]) for (t, p) in high}
+def _is_kafka(sink: SinkConnector) -> bool:
+    try:
+        from eos_connectors.kafka.sink import KafkaSink
+    except ImportError:
+        return False
+    return isinstance(sink, KafkaSink)
 
 
-def read_ledger_unfenced(client: dict[str, Any], topic: str, pipeline: str) -> dict[tuple[str, int], LedgerEntry]:
-    """The latest committed entry per (sink, slot), read up to the LSO (never waits on an open
-    transaction; whatever is behind one is not visible yet)."""
-    offsets = stable_and_high(client, topic)
-    return scan_ledger(client, topic, pipeline, {p: stable for p, (stable, _) in offsets.items()}, strict=False)
+def _entry_row(entry: Any, checkpoint_id: str | None) -> dict[str, Any]:
+    return {
+        "sink": entry.sink, "slot": entry.slot, "epoch": entry.epoch, "records": entry.records,
+        "attempt": entry.attempt, "run": entry.run, "written_at": entry.written_at or None,
+        "this_checkpoint": checkpoint_id is None or entry.checkpoint == checkpoint_id,
+    }  # fmt: skip
 
 
-def ledger_status(
-    config: PipelineConfig, clusters: list[Cluster], checkpoint_id: str | None, fence_first: bool
-) -> dict[str, Any]:
-    topic = config.ledger_topic
-    rows: list[dict[str, Any]] = []
-    open_partitions: list[dict[str, Any]] = []
-    missing = False
-    for cluster in clusters:
+def ledger_status(config: PipelineConfig, found: Connectors, checkpoint_id: str | None) -> list[dict[str, Any]]:
+    """One section per ledger: Kafka ledger topics read up to their last stable offset; other
+    sinks' ledgers through their connector's read_ledger."""
+    sections: list[dict[str, Any]] = []
+    kafka = [s for s in found.sinks if _is_kafka(s)]
+    by_topic: dict[tuple[str, str], Any] = {}
+    for sink in kafka:
+        by_topic.setdefault((json.dumps(sink.client, sort_keys=True), sink.pipeline.ledger), sink)  # type: ignore[attr-defined]
+    for (_, topic), sink in by_topic.items():
+        section: dict[str, Any] = {"where": f"Kafka topic {topic}", "exists": True, "entries": [], "open": []}
+        sections.append(section)
         try:
-            if fence_first:
-                fence(cluster.client, cluster.ids)
-                entries = read_ledger(cluster.client, topic, config.name, wait_s=30)
-            else:
-                entries = read_ledger_unfenced(cluster.client, topic, config.name)
-            offsets = stable_and_high(cluster.client, topic)
-        except UnknownTopic:
-            missing = True
+            from eos_connectors.kafka.clients import UnknownTopic
+            from eos_connectors.kafka.ledger import entries, scan
+
+            try:
+                offsets = _kafka_stable_and_high(sink.client, topic)
+            except UnknownTopic:
+                section["exists"] = False
+                continue
+            latest = scan(sink.client, topic, {p: s for p, (s, _) in offsets.items()}, strict=False)
+            found_entries = entries(latest, config.name, topic, strict=False)
+        except Exception as exc:  # report, do not fail the whole status
+            section["error"] = f"{type(exc).__name__}: {exc}"
             continue
-        for partition, (stable, high) in sorted(offsets.items()):
-            if stable < high:
-                open_partitions.append({"partition": partition, "stable": stable, "high": high})
-        for (sink, slot), entry in sorted(entries.items()):
-            rows.append({
-                "sink": sink, "slot": slot, "epoch": entry.epoch, "records": entry.records,
-                "attempt": entry.attempt, "written_at": entry.written_at or None,
-                "this_checkpoint": checkpoint_id is None or entry.checkpoint == checkpoint_id,
-            })  # fmt: skip
-    return {"topic": topic, "exists": not missing, "fenced": fence_first, "entries": rows, "open": open_partitions}
+        section["open"] = [{"partition": p, "stable": s, "high": h} for p, (s, h) in sorted(offsets.items()) if s < h]
+        section["entries"] = [_entry_row(e, checkpoint_id) for _, e in sorted(found_entries.items())]
+    others = [s for s in found.sinks if not _is_kafka(s)]
+    for (kind, system), group in recovery.by_system(others).items():
+        section = {"where": f"{kind.kind} ledger on {system}", "exists": True, "entries": [], "open": []}
+        sections.append(section)
+        try:
+            section["entries"] = [_entry_row(e, checkpoint_id) for _, e in sorted(kind.read_ledger(group).items())]
+        except Exception as exc:
+            section["error"] = f"{type(exc).__name__}: {exc}"
+    return sections
 
 
 # ---------------------------------------------------------------------------------------------
-# Transactions (Kafka's TransactionsCommand)
+# Lingering transactions
 # ---------------------------------------------------------------------------------------------
+
+
+def lingering_status(found: Connectors) -> list[dict[str, Any]]:
+    rows = []
+    for sink in found.sinks:
+        try:
+            rows.append({"sink": sink.name, "open": sink.lingering()})
+        except Exception as exc:
+            rows.append({"sink": sink.name, "open": [], "error": f"{type(exc).__name__}: {exc}"})
+    return rows
 
 
 def tools_classpath() -> str | None:
@@ -219,27 +362,55 @@ def _tool(classpath: str, client: dict[str, Any], *args: str, timeout: float = 6
     return result.stdout
 
 
-def transactions_status(clusters: list[Cluster], running: bool, epoch_timeout_s: float) -> dict[str, Any]:
-    """The pipeline's open transactions; lingering = open while nothing runs the pipeline, or open
-    longer than an epoch may take."""
+def kafka_pool_ids(found: Connectors, pools: dict[str, Pool]) -> list[tuple[dict[str, Any], list[str]]]:
+    """(client, transactional ids) per Kafka cluster: every id of every recorded Kafka pool (sinks
+    no longer configured included), plus the driver's own id."""
+    from eos_connectors.kafka import ids
+
+    kafka = [s for s in found.sinks if _is_kafka(s)]
+    if not kafka:
+        return []
+    clients: dict[str, dict[str, Any]] = {}
+    for sink in kafka:
+        try:
+            clients.setdefault(sink.system(), sink.client)  # type: ignore[attr-defined]
+        except Exception:
+            continue
+    out: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    for name, pool in sorted(pools.items()):
+        if pool.kind != "kafka" or pool.system not in clients:
+            continue
+        prefix = pool.detail.get("prefix") or ids.default_prefix(kafka[0].pipeline.name)
+        entry = out.setdefault(pool.system, (clients[pool.system], []))
+        entry[1].extend(ids.pool_id(prefix, name, n) for n in range(pool.size))
+    first = kafka[0]
+    out.setdefault(first.system(), (first.client, []))[1].append(ids.driver_id(first.pipeline.name))  # type: ignore[attr-defined]
+    return list(out.values())
+
+
+def transactions_status(found: Connectors, pools: dict[str, Pool], running: bool, epoch_timeout_s: float) -> dict:
+    """The Kafka pool ids' open transactions; lingering = open while no driver runs the pipeline,
+    or open longer than an epoch may take."""
+    clusters = kafka_pool_ids(found, pools)
+    ids = [i for _, group in clusters for i in group]
+    if not clusters:
+        return {"available": False, "reason": "no Kafka sink", "ids": 0, "open": []}
     classpath = tools_classpath()
-    ids = [i for c in clusters for i in c.ids]
     if classpath is None:
         return {"available": False, "reason": "the Kafka tools jars are not cached (run `eos kafka fetch`)",
                 "ids": len(ids), "open": []}  # fmt: skip
-    found: list[dict[str, Any]] = []
+    found_open: list[dict[str, Any]] = []
     try:
-        for cluster in clusters:
-            pattern = "|".join(re.escape(i) for i in cluster.ids)
-            listed = _table(_tool(classpath, cluster.client, "list", "--transactional-id-pattern", f"^({pattern})$"))
+        for client, group in clusters:
+            pattern = "|".join(re.escape(i) for i in group)
+            listed = _table(_tool(classpath, client, "list", "--transactional-id-pattern", f"^({pattern})$"))
             for row in listed:
-                if row.get("TransactionState") not in OPEN_STATES or row.get("TransactionalId") not in cluster.ids:
+                if row.get("TransactionState") not in OPEN_STATES or row.get("TransactionalId") not in group:
                     continue
-                described = _table(_tool(classpath, cluster.client, "describe", "--transactional-id",
-                                         row["TransactionalId"]))  # fmt: skip
+                described = _table(_tool(classpath, client, "describe", "--transactional-id", row["TransactionalId"]))
                 detail = described[0] if described else {}
                 duration_s = int(detail.get("TransactionDurationMs", "0") or 0) / 1000
-                found.append({
+                found_open.append({
                     "transactional_id": row["TransactionalId"],
                     "state": row["TransactionState"],
                     "producer_id": row.get("ProducerId"),
@@ -249,52 +420,50 @@ def transactions_status(clusters: list[Cluster], running: bool, epoch_timeout_s:
                     "lingering": not running or duration_s > epoch_timeout_s,
                 })  # fmt: skip
     except Exception as exc:  # the tool is an aid: report, do not fail the whole status
-        return {"available": False, "reason": f"TransactionsCommand failed: {exc}", "ids": len(ids), "open": found}
-    return {"available": True, "ids": len(ids), "open": found}
+        return {"available": False, "reason": f"TransactionsCommand failed: {exc}", "ids": len(ids),
+                "open": found_open}  # fmt: skip
+    return {"available": True, "ids": len(ids), "open": found_open}
 
 
 # ---------------------------------------------------------------------------------------------
-# Topics and lag
+# Lag
 # ---------------------------------------------------------------------------------------------
 
 
-def topics_status(clusters: list[Cluster]) -> list[dict[str, Any]]:
-    rows = []
-    for cluster in clusters:
-        for topic in cluster.topics:
-            try:
-                offsets = stable_and_high(cluster.client, topic)
-            except UnknownTopic:
-                rows.append({"topic": topic, "exists": False, "open": []})
-                continue
-            pinned = [{"partition": p, "stable": s, "high": h} for p, (s, h) in sorted(offsets.items()) if s < h]
-            rows.append({"topic": topic, "exists": True, "partitions": len(offsets), "open": pinned})
-    return rows
-
-
-def group_offsets(config: PipelineConfig) -> dict[tuple[str, str, int], int]:
-    """(source, topic, partition) -> offset committed to the monitoring consumer group."""
-    from confluent_kafka import ConsumerGroupTopicPartitions
-
-    out: dict[tuple[str, str, int], int] = {}
-    for source in config.sources:
-        group = f"{config.consumer_group}.{source.name}"
-        admin = admin_client({"bootstrap.servers": source.kafka.bootstrap, **source.kafka.config})
-        futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)], request_timeout=15)
-        for tp in futures[group].result().topic_partitions or []:
-            if tp.offset >= 0:
-                out[(source.name, tp.topic, tp.partition)] = tp.offset
-    return out
-
-
-def lag_status(config: PipelineConfig, checkpoint: Checkpoint, meta: CheckpointMeta | None) -> list[dict[str, Any]]:
-    committed = committed_from_checkpoint(config, checkpoint, meta)
-    rows = compute_lag(config, source_end_offsets(config), committed)
+def lag_status(found: Connectors, checkpoint: Checkpoint, meta: CheckpointMeta | None) -> dict[str, Any]:
     try:
-        groups = group_offsets(config)
-    except Exception:  # monitoring aid only
-        groups = {}
-    return [{**r.as_dict(), "group": groups.get((r.source, r.topic, r.partition))} for r in rows]
+        lines = committed_lines(checkpoint, found.sources, meta.sources if meta else None)
+    except CheckpointError as exc:
+        return {"rows": [], "error": exc.message}
+    rows, errors = [], []
+    for source, line in zip(found.sources, lines, strict=True):
+        try:
+            rows += [{**asdict(r), "lag": r.lag} for r in source_lag([source], [line])]
+        except Exception as exc:
+            errors.append(f"source {source.name}: {type(exc).__name__}: {exc}")
+    return {"rows": rows, "error": "; ".join(errors) or None}
+
+
+# ---------------------------------------------------------------------------------------------
+# Fencing (as recovery does)
+# ---------------------------------------------------------------------------------------------
+
+
+def fence(
+    config: PipelineConfig, found: Connectors, checkpoint: Checkpoint, meta: CheckpointMeta | None, control: dict
+) -> dict[str, Any]:
+    """Fence every id of every recorded pool and resolve RESUME sinks against the recorded
+    decision (eos.protocol.recovery), then read the ledgers as recovery does."""
+    started = time.monotonic()
+    checkpoint_id = meta.checkpoint_id if meta else ""
+    timeout = max(60.0, config.epochs.timeout)
+    try:
+        report = recovery.recover(
+            found.sinks, control["pools"], control["decision"], checkpoint, checkpoint_id, timeout, "eos status --fence"
+        )
+    except CheckpointError as exc:  # fenced and resolved; the ledger check refused: say so
+        return {"fenced_ids": None, "resolved": {}, "seconds": time.monotonic() - started, "error": exc.message}
+    return {"fenced_ids": report.fenced_ids, "resolved": report.resolved, "seconds": report.duration_s, "error": None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,27 +471,67 @@ def lag_status(config: PipelineConfig, checkpoint: Checkpoint, meta: CheckpointM
 # ---------------------------------------------------------------------------------------------
 
 
+class StatusRefused(EosError):
+    pass
+
+
 def gather(
-    config: PipelineConfig, base_dir: Path | None, fence_first: bool = False, transactions: bool = True
+    config: PipelineConfig,
+    base_dir: Path | None,
+    fence_first: bool = False,
+    transactions: bool = True,
+    force: bool = False,
+    jvm: bool | None = None,
 ) -> dict[str, Any]:
-    checkpoint = Checkpoint(config.checkpoint_path(base_dir))
-    meta = checkpoint.read_meta()
-    point = checkpoint_status(checkpoint, meta)
-    slots = meta.slots if meta else (config.epochs.slots or 0)
-    clusters = _clusters(config, slots)
-    report: dict[str, Any] = {
-        "pipeline": config.name,
-        "mode": config.epochs.mode,
-        "slots": slots,
-        "checked_at": time.time(),
-        "checkpoint": point,
-        "ledger": ledger_status(config, clusters, point["checkpoint_id"], fence_first),
-        "sink_topics": topics_status(clusters),
-        "lag": lag_status(config, checkpoint, meta),
-    }
-    if transactions:
-        report["transactions"] = transactions_status(clusters, bool(point["running"]), config.epochs.timeout)
-    return report
+    checkpoint, gateway = open_checkpoint(config, base_dir, jvm)
+    try:
+        meta = checkpoint.read_meta()
+        found = connectors(config, pipeline_info(config, meta.checkpoint_id if meta else "(none)", base_dir))
+        try:
+            report: dict[str, Any] = {
+                "pipeline": config.name,
+                "mode": config.epochs.mode,
+                "checked_at": time.time(),
+                "checkpoint": checkpoint_status(checkpoint, meta, gateway is not None),
+            }
+            try:
+                control = read_control(found) if config.exactly_once else None
+            except Exception as exc:
+                control = None
+                report["control"] = {"error": f"{type(exc).__name__}: {exc}"}
+            if control is not None:
+                report["control"] = control_status(control)
+            driver = (report.get("control") or {}).get("driver")
+            running = bool(driver and driver["answers"])
+            report["running"] = running
+            if fence_first:
+                if running and not force:
+                    raise StatusRefused(
+                        f"the pipeline's driver answers (pid {driver['pid']} on {driver['host']}, vote service "
+                        f"{driver['address']}): fencing now would abort its epoch in flight",
+                        hint="stop the pipeline first, or add --force to fence anyway (its epoch is retried)",
+                    )
+                if control is None:
+                    raise StatusRefused(f"cannot fence: the control log could not be read ({report['control']})")
+                if not control["exists"]:
+                    raise StatusRefused(
+                        f"cannot fence: pipeline {config.name} has no control log ({control['where']}): it never ran "
+                        "on this cluster, so no transactional id of it was ever used"
+                    )
+                report["fence"] = fence(config, found, checkpoint, meta, control)
+            report["ledger"] = ledger_status(config, found, meta.checkpoint_id if meta else None)
+            report["lingering"] = lingering_status(found)
+            if transactions and control is not None:
+                report["transactions"] = transactions_status(found, control["pools"], running, config.epochs.timeout)
+            report["lag"] = lag_status(found, checkpoint, meta)
+            return report
+        finally:
+            for connector in [*found.sources, *found.sinks]:
+                with contextlib.suppress(Exception):
+                    connector.close()
+    finally:
+        if gateway is not None:
+            gateway.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,15 +560,20 @@ def _table_lines(header: list[str], rows: list[list[Any]], indent: str = "  ") -
 def render(report: dict[str, Any]) -> list[str]:
     now = report["checked_at"]
     point = report["checkpoint"]
-    state = f"RUNNING ({point['running']})" if point["running"] else "stopped"
-    lines = [f"pipeline {report['pipeline']}: {report['mode']}, {report['slots']} slots, {state}"]
-    lines.append(f"checkpoint {point['path']}" + (f" (id {point['checkpoint_id']})" if point["exists"] else ""))
+    control = report.get("control") or {}
+    driver = control.get("driver")
+    state = f"RUNNING (driver pid {driver['pid']} on {driver['host']})" if report["running"] else "stopped"
+    lines = [f"pipeline {report['pipeline']}: {report['mode']}, {state}"]
+    lines.append(
+        f"checkpoint {point['location']}" + (f" (id {point['checkpoint_id']})" if point["exists"] else "")
+        + f", read through {point['read_through']}"
+    )  # fmt: skip
     if not point["exists"]:
         lines.append("  no eos checkpoint yet: the pipeline never started here")
     else:
         lines.append(
             f"  last logged epoch {point['last_logged_epoch']}, last committed epoch {point['last_committed_epoch']}"
-            f" at {_ago(point['last_committed_at'], now)}"
+            f" at {_ago(point['last_committed_at'], now)}; {point['parallelism']} read tasks per epoch"
         )
         if point["pending_replay"] is not None:
             lines.append(
@@ -367,26 +581,70 @@ def render(report: dict[str, Any]) -> list[str]:
                 "(slots the ledger shows as committed are skipped)"
             )
 
-    ledger = report["ledger"]
-    fenced = " (after fencing every transactional id)" if ledger["fenced"] else " (not fenced: read-only)"
-    lines.append(f"ledger {ledger['topic']}{fenced}")
-    if not ledger["exists"]:
-        lines.append("  the ledger topic does not exist yet: nothing was ever committed")
-    elif not ledger["entries"]:
-        lines.append("  no entries for this pipeline")
-    else:
-        rows = [
-            [e["sink"], e["slot"], e["epoch"], e["records"], e["attempt"], _ago(e["written_at"], now),
-             "" if e["this_checkpoint"] else "OTHER CHECKPOINT"]
-            for e in ledger["entries"]
-        ]  # fmt: skip
-        lines += _table_lines(["sink", "slot", "last committed epoch", "records", "attempt", "written", ""], rows)
-        lines.append("  (a slot writes a ledger record only in epochs where it had records for that sink)")
-    for part in ledger["open"]:
-        lines.append(
-            f"  OPEN TRANSACTION on partition {part['partition']}: last stable offset {part['stable']} < high "
-            f"watermark {part['high']}; entries behind it are not visible yet"
-        )
+    if "error" in control:
+        lines.append(f"control log: cannot read it: {control['error']}")
+    elif control:
+        lines.append(f"control log {control['where']}" + ("" if control["exists"] else ": does not exist yet"))
+        if driver is not None:
+            answers = "answers: RUNNING" if driver["answers"] else "does not answer: not running"
+            lines.append(
+                f"  driver: pid {driver['pid']} on {driver['host']}, vote service {driver['address']} ({answers}), "
+                f"took over {_ago(driver['started_at'], now)}, run {driver['run']}"
+            )
+        decision = control["decision"]
+        if decision is not None:
+            txns = ", ".join(f"{n} of {sink}" for sink, n in decision["transactions"].items()) or "none"
+            lines.append(
+                f"  last decision: epoch {decision['epoch']} attempt {decision['attempt']} commits {txns} "
+                f"({_ago(decision['decided_at'], now)})"
+            )
+        if control["pools"]:
+            pools = ", ".join(f"{name} {p['size']}" for name, p in control["pools"].items())
+            lines.append(f"  pools of transactional ids: {pools}")
+        if control["open_transaction"]:
+            lines.append("  an open transaction on the control log (a driver recording right now?) hides newer records")
+
+    fenced = report.get("fence")
+    if fenced is not None:
+        if fenced["error"]:
+            lines.append(f"FENCED (as recovery does), then the ledger check refused: {fenced['error']}")
+        else:
+            resolved = ", ".join(f"{n} {what}" for what, n in fenced["resolved"].items()) or "nothing to resolve"
+            lines.append(
+                f"FENCED {fenced['fenced_ids']} transactional ids (as recovery does; {resolved}) in "
+                f"{fenced['seconds']:.1f} s"
+            )
+    for section in report["ledger"]:
+        how = " (after fencing)" if fenced is not None else " (not fenced: read-only, up to the last stable offset)"
+        lines.append(f"ledger {section['where']}{how}")
+        if section.get("error"):
+            lines.append(f"  cannot read it: {section['error']}")
+        elif not section["exists"]:
+            lines.append("  does not exist yet: nothing was ever committed")
+        elif not section["entries"]:
+            lines.append("  no entries for this pipeline")
+        else:
+            rows = [
+                [e["sink"], e["slot"], e["epoch"], e["records"], e["attempt"], _ago(e["written_at"], now),
+                 "" if e["this_checkpoint"] else "OTHER CHECKPOINT"]
+                for e in section["entries"]
+            ]  # fmt: skip
+            lines += _table_lines(["sink", "slot", "last committed epoch", "records", "attempt", "written", ""], rows)
+            lines.append("  (a slot writes a ledger entry only in epochs where it had records for that sink)")
+        for part in section["open"]:
+            lines.append(
+                f"  OPEN TRANSACTION on partition {part['partition']}: last stable offset {part['stable']} < high "
+                f"watermark {part['high']}: it hides newer entries (an epoch in flight, or a lingering transaction)"
+            )
+
+    for row in report["lingering"]:
+        if row.get("error"):
+            lines.append(f"sink {row['sink']}: cannot tell what is open: {row['error']}")
+        elif row["open"]:
+            lines.append(f"sink {row['sink']}: LINGERING: {len(row['open'])} open")
+            lines += [f"  {item}" for item in row["open"]]
+        else:
+            lines.append(f"sink {row['sink']}: nothing open")
 
     txns = report.get("transactions")
     if txns is not None:
@@ -402,26 +660,22 @@ def render(report: dict[str, Any]) -> list[str]:
                 for t in txns["open"]
             ]  # fmt: skip
             lines += _table_lines(["transactional id", "state", "open for", "timeout", "", "partitions"], rows)
-            if any(t["lingering"] for t in txns["open"]):
-                lines.append(
-                    "  a lingering transaction pins the last stable offset of its partitions (read_committed readers "
-                    "wait) until the broker aborts it at its timeout, or the next start (or `eos status --fence`) "
-                    "fences it"
-                )
-
-    for topic in report["sink_topics"]:
-        if not topic["exists"]:
-            lines.append(f"sink topic {topic['topic']}: does not exist")
-        elif topic["open"]:
-            parts = ", ".join(f"{p['partition']} (stable {p['stable']} < high {p['high']})" for p in topic["open"])
-            lines.append(f"sink topic {topic['topic']}: open transactions pin partitions {parts}")
-        else:
-            lines.append(f"sink topic {topic['topic']}: {topic['partitions']} partitions, all stable")
+    if any(row["open"] for row in report["lingering"]) or (txns and any(t["lingering"] for t in txns["open"])):
+        lines.append(
+            "  an open transaction pins the last stable offset of its partitions (read_committed readers wait) until "
+            "the broker aborts it at its timeout, or the next start (or `eos status --fence`) fences it"
+        )
 
     lag = report["lag"]
-    basis = "last committed epoch's" if point["exists"] else "offset 0: never started, nothing resolved yet"
-    lines.append(f"source lag: {sum(r['lag'] for r in lag):,} offsets behind (end offset - {basis})")
-    if lag:
-        rows = [[r["source"], r["topic"], r["partition"], r["end"], r["committed"], r["group"], r["lag"]] for r in lag]
-        lines += _table_lines(["source", "topic", "partition", "end", "committed", "group", "lag"], rows)
+    basis = "the last committed epoch" if point["exists"] else "offset 0 (never started)"
+    lines.append(f"source lag: {sum(r['lag'] for r in lag['rows']):,} offsets behind {basis}")
+    if lag.get("error"):
+        lines.append(f"  (incomplete: {lag['error']})")
+    if lag["rows"]:
+        rows = [[r["source"], r["topic"], r["partition"], r["end"], r["committed"], r["lag"]] for r in lag["rows"]]
+        lines += _table_lines(["source", "topic", "partition", "end", "committed", "lag"], rows)
     return lines
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

@@ -113,3 +113,29 @@ def test_the_driver_killed_while_a_broker_is_down(cluster, bootstrap, new_topic,
     run_until_done(path)
     cluster.start_node(down)
     _check(bootstrap, source, sink, sent)
+
+
+def test_the_ledger_is_replicated_like_the_data_it_protects(cluster, bootstrap, admin, unique_name, capsys):
+    """Created with replication 3 and min.insync.replicas 2 on three brokers; an existing ledger
+    topic with retention is refused (a deleted entry means a replay writes that epoch again); one
+    with a single replica is reported."""
+    from eos.errors import ConfigError
+    from eos_connectors.kafka.clients import create_topic, describe_topics, topic_settings
+    from eos_connectors.kafka.ledger import ensure_ledger_topic
+
+    client = {"bootstrap.servers": bootstrap}
+    ledger = unique_name("eos-ledger")
+    ensure_ledger_topic(client, ledger)
+    assert describe_topics(admin, [ledger])[ledger].replication == 3
+    settings = topic_settings(admin, ledger)
+    assert settings["min.insync.replicas"] == "2" and settings["cleanup.policy"] == "compact"
+
+    retained = unique_name("eos-ledger")
+    create_topic(admin, retained, 1, 3, config={"cleanup.policy": "delete"})
+    with pytest.raises(ConfigError, match=r"cleanup\.policy=delete"):
+        ensure_ledger_topic(client, retained)
+
+    thin = unique_name("eos-ledger")
+    create_topic(admin, thin, 1, 1, config={"cleanup.policy": "compact"})
+    ensure_ledger_topic(client, thin)
+    assert f"the ledger topic {thin} has replication factor 1 on a cluster of 3 brokers" in capsys.readouterr().err

@@ -24,6 +24,7 @@ from tests.pipelines import (
     produce_numbered,
     write_pipeline,
 )
+from tests.support import read_all
 
 
 def _wait_for(what: str, condition, proc: subprocess.Popen | None = None, timeout: float = 240) -> None:
@@ -271,7 +272,7 @@ def test_recovery_fences_every_producer_before_reading_any_ledger(bootstrap, new
     started = time.monotonic()
     run_until_done(path)
     assert time.monotonic() - started < 240
-    assert sum(committed_values(bootstrap, dlq).values()) == 20
+    assert len(read_all(bootstrap, dlq)) == 20  # raw (undecodable) values, each once
     assert_exactly_once(sent, committed_values(bootstrap, sink))
 
 
@@ -299,3 +300,73 @@ def test_at_least_once_fails_instead_of_dropping_undeliverable_records(admin, bo
     failed = eos_subprocess("run", str(write_pipeline(tmp_path, config)))
     assert failed.returncode != 0, failed.output[-3000:]
     assert "not delivered" in failed.output and "too large" in failed.output.lower(), failed.output[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Poison is decided by the record alone
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_schema_the_registry_lacks_never_sends_a_record_to_the_dead_letter_queue(
+    bootstrap, new_topic, unique_name, tmp_path
+):
+    """A `file:` registry that lacks schema 2 (a registry replica lagging behind the producers):
+    records written with id 2 must not be dead-lettered. A kill between the slots' commits lands
+    before them; the restart stops at them with a clear error (after its retries) instead of
+    deciding their fate; once the schema is added, they reach the output. Only the truly corrupt
+    record is dead-lettered, once."""
+    import io
+    import json
+
+    import fastavro
+
+    from eos_connectors.formats.registry import FileRegistry, wire_header
+    from eos_connectors.kafka.clients import producer
+
+    v1 = {"type": "record", "name": "Tick", "namespace": "eos.test", "fields": [{"name": "id", "type": "string"}]}
+    v2 = {**v1, "fields": [*v1["fields"], {"name": "note", "type": "string", "default": ""}]}
+    registry = tmp_path / "registry"
+    FileRegistry(registry).register("ticks", v1)  # id 1; id 2 (v2) is missing for now
+
+    def body(schema: dict, record: dict) -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
+        return out.getvalue()
+
+    source, sink, dlq = new_topic(partitions=2), new_topic(partitions=2), new_topic()
+    out = producer({"bootstrap.servers": bootstrap})
+    sent = []
+    for i in range(600):
+        later = i >= 450  # the last records were written with the newer schema
+        value = (
+            wire_header(2) + body(v2, {"id": f"rec-{i}", "note": "n"})
+            if later
+            else wire_header(1) + body(v1, {"id": f"rec-{i}"})
+        )
+        out.produce(source, value, f"k{i}".encode(), partition=i % 2)
+        sent.append(f"rec-{i}")
+    out.produce(source, b"\x00\x00\x00\x00\x01\x02", b"corrupt", partition=0)  # id 1, body cut short
+    assert out.flush(30) == 0
+    config = passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck", max_records_per_epoch=200)
+    config["epochs"]["tolerable_failures"] = 1
+    config["sources"][0].update(
+        value_format={"type": "avro", "registry": f"file:{registry}", "reader_schema": str(tmp_path / "v1.avsc")},
+        on_error="dlq",
+        dlq_topic=dlq,
+    )
+    (tmp_path / "v1.avsc").write_text(json.dumps(v1))
+    config["transforms"] = [{"name": "ids", "sql": "SELECT CAST(_key AS STRING) AS key, id AS value FROM events"}]
+    config["sinks"][0]["input"] = "ids"
+    path = write_pipeline(tmp_path, config)
+
+    crashed = eos_subprocess("run", str(path), "--failpoint", "sink.between_commits=kill@epoch=0")
+    assert crashed.killed, crashed.output[-3000:]
+    stopped = eos_subprocess("run", str(path))
+    assert stopped.returncode != 0, stopped.output[-3000:]
+    assert "schema id 2 is unknown" in stopped.output and "must not decide where the record goes" in stopped.output
+    assert len(read_all(bootstrap, dlq)) == 1  # only the corrupt record so far
+    FileRegistry(registry).register("ticks", v2)  # the registry catches up
+    run_until_done(path)
+    assert_exactly_once(sent, committed_values(bootstrap, sink))
+    dead = read_all(bootstrap, dlq)
+    assert [m.key() for m in dead] == [b"corrupt"]

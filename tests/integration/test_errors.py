@@ -208,3 +208,25 @@ def _topic_exists(bootstrap: str, topic: str) -> bool:
     from eos_connectors.kafka.clients import admin_client
 
     return topic in admin_client({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
+
+
+def test_a_transaction_timeout_above_the_brokers_maximum_is_refused_up_front(
+    bootstrap, new_topic, unique_name, tmp_path
+):
+    """epochs.timeout 10 minutes: transactions would need 20 minutes, the broker allows 15."""
+    source, sink = new_topic(), new_topic()
+    config = passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck", timeout="10m")
+    finished = eos_subprocess("run", str(write_pipeline(tmp_path, config)))
+    assert finished.returncode == 2, finished.output[-3000:]
+    message = last_error(finished.output)
+    assert "transaction.timeout.ms=1200000" in message and "transaction.max.timeout.ms=900000" in message, message
+    assert "lower epochs.timeout to 450s or less" in finished.output
+
+
+def test_python_worker_reuse_off_is_refused(bootstrap, new_topic, unique_name, tmp_path):
+    source, sink = new_topic(), new_topic()
+    config = passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck")
+    config["spark"] = {"conf": {"spark.python.worker.reuse": "false"}}
+    finished = eos_subprocess("run", str(write_pipeline(tmp_path, config)))
+    assert finished.returncode == 2, finished.output[-3000:]
+    assert "spark.python.worker.reuse is false" in last_error(finished.output)

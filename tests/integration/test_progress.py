@@ -1,25 +1,42 @@
 """Progress for people: the phase tracker against a real coordinator (real votes over TCP), the
-live line on a real pseudo-terminal, and the plain lines anywhere else."""
+lines of a real run (compared with what the broker holds), the live line on a real
+pseudo-terminal, and the plain lines anywhere else."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import threading
 import time
 
 from eos.observe.progress import ProgressPrinter
-from eos.observe.tracker import AGREEMENT, BETWEEN, COMMIT, MARK_COMMITTED, RECOVERING, SINK_JOB, EpochTracker
-from eos.protocol.committer import EpochReport, RecoveryReport
+from eos.observe.tracker import BETWEEN, COMMIT, DECIDE, MARK_COMMITTED, RECOVERING, WRITE, EpochTracker
 from eos.protocol.coordinator import Coordinator, VoteClient
-from eos_connectors.kafka.ledger import LedgerEntry
+from eos.protocol.ledger import LedgerEntry
+from eos.protocol.report import EpochReport, RecoveryReport, SinkWork, SlotReport
+from eos.protocol.sink import Prepared
+from tests.pipelines import (
+    assert_exactly_once,
+    committed_values,
+    passthrough_pipeline,
+    produce_numbered,
+    run_in_process,
+    write_pipeline,
+)
+from tests.support import read_all
+
+
+def slot(n: int, reused: bool, records: int = 250) -> SlotReport:
+    prepared = Prepared("out", n, f"eos/p/out/{n}", records)
+    return SlotReport(n, 0, "w", "h", 1, {"out": SinkWork(records, 0, prepared, True, 0.0 if reused else 0.05, reused)})
 
 
 def report(epoch: int, out: int = 500, **extra) -> EpochReport:
     values = dict(
         epoch=epoch, attempts=1, records_out={"out": out}, replay_skipped={}, skipped_slots=0, counted_only={},
-        job_s=0.5, read_process_s=0.2, precommit_s=0.1, vote_wait_s=0.02, agreement_s=0.001, commit_s=0.03,
+        job_s=0.5, decide_s=0.004, commit_s=0.03, slots=[slot(0, True), slot(1, False)], txn_commits=2,
     )  # fmt: skip
     values.update(extra)
     return EpochReport(**values)
@@ -43,45 +60,51 @@ def wait_for(predicate, timeout: float = 10.0) -> None:
 def test_tracker_follows_the_protocol_through_the_coordinator():
     coordinator = Coordinator(bind_host="127.0.0.1")
     try:
-        tracker = EpochTracker(slots=2, coordinator=coordinator)
+        tracker = EpochTracker(coordinator=coordinator)
         assert tracker.phase().name == BETWEEN and tracker.oldest_open_transaction_s() == 0
-        coordinator.open_attempt(7, 1, range(2), timeout_s=30)
+        coordinator.open_attempt(7, 1, timeout_s=30)
         tracker.on_epoch_start(7, 1)
-        assert tracker.phase().name == SINK_JOB
-        decisions: list[str] = []
-        voters = [VoteClient(coordinator.address, 7, 1, slot, 30) for slot in range(2)]
-        first = threading.Thread(target=lambda: decisions.append(voters[0].vote_prepared({})[0]))
-        first.start()
-        wait_for(lambda: tracker.phase().name == AGREEMENT)
-        assert tracker.phase().votes == 1 and "agreement 1/2" in tracker.phase().describe()
-        decisions.append(voters[1].vote_prepared({})[0])
-        first.join(10)
-        assert decisions == ["commit", "commit"]
-        assert tracker.phase().name == COMMIT and tracker.phase().votes == 0
-        voters[0].report_committed()
-        wait_for(lambda: tracker.phase().votes == 1)
+        assert tracker.phase().name == WRITE and tracker.phase().prepared == 0
+        # A slot pre-committed and votes prepared; its thread waits for the decision.
+        voter = VoteClient(coordinator.address, 7, 1, 30)
+        vote = {"sink": "out", "handle": "eos/p/out/0", "slot": 0, "task_attempt": 0, "lease": 0}
+        decisions: list[dict] = []
+        waiting = threading.Thread(target=lambda: decisions.append(voter.request("prepared", **vote)))
+        waiting.start()
+        wait_for(lambda: tracker.phase().prepared == 1)
+        assert "epoch 7: read+write+pre-commit, 1 prepared" in tracker.phase().describe()
+        tracker.on_phase(7, 1, DECIDE)
+        assert tracker.phase().name == DECIDE
+        tracker.on_phase(7, 1, COMMIT)
+        assert "commit 0/1" in tracker.phase().describe()
+        coordinator.release(7, 1, [("out", "eos/p/out/0")])
+        waiting.join(10)
+        assert decisions and decisions[0]["decision"] == "commit"
+        voter.request("committed", **vote)
+        wait_for(lambda: tracker.phase().committed == 1)
+        assert "commit 1/1" in tracker.phase().describe()
         assert tracker.oldest_open_transaction_s() > 0  # open since the attempt started
         tracker.on_epoch_committed(report(7))
         assert tracker.phase().name == MARK_COMMITTED and tracker.oldest_open_transaction_s() == 0
         tracker.on_spark_progress(progress(7))
         assert tracker.phase().name == BETWEEN
+        voter.close()
 
         # A failed attempt: its transactions count as open until the recovery has fenced them.
         tracker.on_epoch_start(8, 1)
         tracker.on_epoch_aborted(8, 1, "boom", True)
         assert tracker.phase().name == RECOVERING and tracker.oldest_open_transaction_s() > 0
-        tracker.on_recovery(RecoveryReport(2, 0.05, {}, "epoch 8 attempt 1 failed"))
+        tracker.on_recovery(RecoveryReport(2, {}, 0.05, {}, "epoch 8 attempt 1 failed"))
         assert tracker.oldest_open_transaction_s() == 0
-        for voter in voters:
-            voter.close()
     finally:
         coordinator.close()
 
 
 def test_plain_lines_when_not_a_terminal():
     out = io.StringIO()
-    printer = ProgressPrinter("p", out, tracker=EpochTracker(2))
-    printer.on_recovery(RecoveryReport(2, 0.012, {("out", 0): LedgerEntry("p", "out", 0, 4, "c")}, "start-up"))
+    printer = ProgressPrinter("p", out, tracker=EpochTracker())
+    entry = LedgerEntry("p", "out", 0, 4, "c", "o", "g")
+    printer.on_recovery(RecoveryReport(2, {"committed": 1}, 0.012, {("out", 0): entry}, "start-up"))
     printer.on_epoch_start(5, 1)
     printer.on_epoch_committed(report(5, skipped_slots=1, replay_skipped={"out": 10}))
     printer.on_spark_progress(progress(5))
@@ -90,15 +113,55 @@ def test_plain_lines_when_not_a_terminal():
     printer.flush()  # epoch 6's Spark progress never came: printed anyway
     lines = out.getvalue().splitlines()
     assert "\x1b" not in out.getvalue(), "no terminal control codes in a log file"
-    assert lines[0] == "[p] recovery (start-up): fenced 2 transactional ids in 12.0ms; ledger: out/0:4"
+    assert (
+        lines[0]
+        == "[p] recovery (start-up): fenced 2 transactional ids, resolved 1 committed in 12.0ms; ledger: out/0:4"
+    )
     assert re.fullmatch(
-        r"\[p\] epoch 5 committed \| in 500 \| out 500 \| 500 rec/s \| plan 73ms read\+process 200ms "
-        r"pre-commit 100ms agree 1.0ms \(wait 20.0ms\) commit 30.0ms mark 9ms "
+        r"\[p\] epoch 5 committed \| in 500 \| out 500 \| 500 rec/s \| plan 73ms job 500ms decide 4.0ms "
+        r"commit 30.0ms mark 9ms \| 2 slots, 2 txns \(1 producers reused\) "
         r"\| replay: 1 slot\(s\) already committed, skipped",
         lines[1],
     ), lines[1]
     assert lines[2] == "[p] epoch 6 attempt 1 ABORTED: slot 1 failed; retrying after fencing"
     assert lines[3].startswith("[p] epoch 6 committed | in ? | out 500") and lines[3].endswith("| attempts 2")
+
+
+LINE = re.compile(
+    r"\[(?P<name>[^\]]+)\] epoch (?P<epoch>\d+) committed \| in (?P<in>\d+) \| out (?P<out>\d+) \| [\d,]+ rec/s \| "
+    r"plan \d+ms job [\d.]+ms decide [\d.]+ms commit [\d.]+ms mark \d+ms \| (?P<slots>\d+) slots, (?P<txns>\d+) txns "
+    r"\((?P<reused>\d+) producers reused\) \| lag (?P<lag>[\d,]+)(?P<extra>.*)"
+)
+
+
+def test_lines_of_a_real_run_match_what_it_committed(spark, bootstrap, new_topic, unique_name, tmp_path, capsys):
+    source, sink = new_topic(partitions=2), new_topic(partitions=2)
+    sent = produce_numbered(bootstrap, source, 0, 600)
+    name = unique_name("p")
+    config = passthrough_pipeline(name, bootstrap, source, sink, tmp_path / "ck", max_records_per_epoch=400)
+    path = write_pipeline(tmp_path, config)
+    result = run_in_process(
+        spark, path, progress=True, failpoints=["sink.after_precommit=raise@epoch=1,slot=0,attempt=1"]
+    )
+    assert_exactly_once(sent, committed_values(bootstrap, sink))
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith(f"[{name}]")]
+    text = "\n".join(lines)
+    assert lines[0].startswith(f"[{name}] recovery (first start): fenced 0 transactional ids"), text
+    epochs = [m for m in (LINE.fullmatch(line) for line in lines) if m]
+    assert [int(m["epoch"]) for m in epochs] == list(range(result.epochs_committed)) == [0, 1], text
+    # in and out are what each epoch read and committed; lag is what was left after it.
+    assert [(int(m["in"]), int(m["out"]), int(m["lag"].replace(",", ""))) for m in epochs] == [
+        (400, 400, 200),
+        (200, 200, 0),
+    ]
+    aborted = [line for line in lines if " ABORTED: " in line]
+    assert len(aborted) == 1 and aborted[0].startswith(f"[{name}] epoch 1 attempt 1 ABORTED: "), text
+    assert "retrying after fencing" in aborted[0] and epochs[1]["extra"] == " | attempts 2"
+    assert any(line.startswith(f"[{name}] recovery (epoch 1 attempt 1 failed): fenced ") for line in lines), text
+    # One transaction per slot, each with a ledger entry the broker committed.
+    ledger = [json.loads(r.value()) for r in read_all(bootstrap, f"eos-ledger-{name}") if r.value()]
+    by_epoch = [sum(1 for e in ledger if e["epoch"] == n) for n in (0, 1)]
+    assert [int(m["txns"]) for m in epochs] == [int(m["slots"]) for m in epochs] == by_epoch
 
 
 def test_live_line_on_a_terminal():
@@ -108,11 +171,13 @@ def test_live_line_on_a_terminal():
     reader = threading.Thread(target=lambda: _drain(master, chunks), daemon=True)
     reader.start()
     try:
-        tracker = EpochTracker(2)
+        tracker = EpochTracker()
         printer = ProgressPrinter("p", terminal, tracker=tracker)  # live: detected from the tty
         tracker.on_epoch_start(3, 1)
         printer.on_epoch_start(3, 1)
-        wait_for(lambda: b"[p] epoch 3: read+process+pre-commit" in b"".join(chunks))
+        wait_for(lambda: b"[p] epoch 3: read+write+pre-commit" in b"".join(chunks))
+        tracker.on_phase(3, 1, COMMIT)
+        wait_for(lambda: b"[p] epoch 3: commit" in b"".join(chunks))
         tracker.on_epoch_committed(report(3))
         printer.on_epoch_committed(report(3))
         printer.on_spark_progress(progress(3))

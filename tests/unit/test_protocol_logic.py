@@ -168,3 +168,16 @@ def test_a_vote_from_another_run_is_refused_and_ping_answers(coordinator):
     alive = ping(coordinator.address.hostport)
     assert alive is not None and alive["pipeline"] == "p"
     assert ping("127.0.0.1:1") is None
+
+
+def test_a_failed_attempt_names_the_python_exception_spark_quotes():
+    from eos.protocol.committer import reason_of
+
+    text = (
+        "An error occurred while calling o427.collectToPython.\n: org.apache.spark.SparkException: Job aborted\n"
+        "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        '  File "/x/worker.py", line 3, in main\n    process()\n'
+        'confluent_kafka.KafkaException: KafkaError{code=_TIMED_OUT,val=-185,str="Transactional API timed out"}\n'
+    )
+    assert reason_of(RuntimeError(text)).startswith("KafkaException: KafkaError{code=_TIMED_OUT")
+    assert reason_of(RuntimeError("something odd\nmore")) == "RuntimeError: something odd"

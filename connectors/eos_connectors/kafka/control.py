@@ -51,34 +51,29 @@ class KafkaControlLog(ControlLog):
         self._producer: Any = None
 
     # -- reading -------------------------------------------------------------------------------
-    def _read(self, wait_s: float) -> dict[str, dict[str, Any]]:
-        ensure_ledger_topic(self.client, self.topic)
+    def _read(self, wait_s: float) -> ControlState:
+        if self.topic not in admin_client(self.client).list_topics(timeout=10).topics:
+            return ControlState()
         latest = scan(self.client, self.topic, wait_until_stable(self.client, self.topic, wait_s))
-        found: dict[str, dict[str, Any]] = {}
+        records: dict[str, dict[str, Any]] = {}
         for kind in KINDS:
             record = latest.get(control_key(self.pipeline, kind))
             if record is not None:
-                found[kind] = decode(record[1])[1]
-        return found
+                records[kind] = decode(record[1])[1]
+        return ControlState(
+            previous=DriverInfo(**records["driver"]) if "driver" in records else None,
+            decision=Decision(**records["decision"]) if "decision" in records else None,
+            pools={name: Pool(**pool) for name, pool in records.get("pools", {}).get("pools", {}).items()},
+        )
 
-    def previous_driver(self) -> DriverInfo | None:
-        record = self._read(wait_s=30).get("driver")
-        return DriverInfo(**record) if record else None
-
-    def decision(self) -> Decision | None:
-        record = self._read(wait_s=30).get("decision")
-        return Decision(**record) if record else None
+    def state(self) -> ControlState:
+        return self._read(wait_s=30)
 
     # -- writing -------------------------------------------------------------------------------
     def take_over(self, driver: DriverInfo) -> ControlState:
         ensure_ledger_topic(self.client, self.topic)
         self._new_producer()  # fences every earlier driver; aborts what it had open
-        records = self._read(wait_s=self.timeout_s)
-        state = ControlState(
-            previous=DriverInfo(**records["driver"]) if "driver" in records else None,
-            decision=Decision(**records["decision"]) if "decision" in records else None,
-            pools={name: Pool(**pool) for name, pool in records.get("pools", {}).get("pools", {}).items()},
-        )
+        state = self._read(wait_s=self.timeout_s)
         self._write("driver", driver)
         return state
 

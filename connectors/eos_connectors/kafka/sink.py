@@ -225,6 +225,16 @@ class KafkaSink(SinkConnector):
     def resolve(cls, sinks: list[SinkConnector], decision: Decision | None) -> dict[str, int]:
         return {}
 
+    # -- monitoring ------------------------------------------------------------------------------
+    def lingering(self) -> list[str]:
+        """Partitions of the sink topic and the ledger topic whose last stable offset is below the
+        high watermark ("topic/partition: stable S < end H"): an open transaction pins each of
+        them (every read_committed reader waits there), whoever's it is. Read-only."""
+        topics = [self.entry.kafka.topic]
+        if self.pipeline.exactly_once and self.pipeline.ledger:
+            topics.append(self.pipeline.ledger)
+        return lingering(self.client, topics)
+
 
 # ---------------------------------------------------------------------------------------------
 # Task side: producers kept per Python worker process
