@@ -9,6 +9,7 @@ a cluster about itself (topics with their ids, the cluster id, broker settings).
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -171,6 +172,35 @@ def create_topic(
             return False
         raise
     return True
+
+
+def reachable(what: str, bootstrap: str, call: Any) -> Any:
+    """Run a start-up call with bounded retries while the cluster is unreachable (a broker may be
+    restarting), then a clear message. Defaults: 3 attempts 5 s apart (EOS_STARTUP_ATTEMPTS,
+    EOS_STARTUP_RETRY_WAIT_S change them)."""
+    import os
+    import time
+
+    from eos.api import EnvironmentProblem
+
+    attempts = max(1, int(os.environ.get("EOS_STARTUP_ATTEMPTS", "3")))
+    wait_s = float(os.environ.get("EOS_STARTUP_RETRY_WAIT_S", "5"))
+    started = time.monotonic()
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except BrokerUnreachable as exc:
+            if attempt == attempts:
+                raise EnvironmentProblem(
+                    f"{what}: cannot reach Kafka at {bootstrap} after {attempts} attempts over "
+                    f"{time.monotonic() - started:.0f} s ({exc})",
+                    hint="is the broker running (`eos kafka status`) and is bootstrap right?",
+                ) from None
+            log.warning("%s: Kafka at %s unreachable (attempt %d/%d), retrying", what, bootstrap, attempt, attempts)
+            print(f"eos: {what}: Kafka at {bootstrap} unreachable (attempt {attempt}/{attempts}), retrying",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            time.sleep(wait_s)
+    raise AssertionError("unreachable")
 
 
 class UnknownTopic(Exception):

@@ -62,6 +62,7 @@ from eos_connectors.kafka.clients import (
     is_retriable,
     kafka_error,
     producer,
+    reachable,
 )
 from eos_connectors.kafka.config import KafkaSinkEntry
 
@@ -129,7 +130,7 @@ class KafkaSink(SinkConnector):
         admin = admin_client(self.client)
         topic = self.entry.kafka.topic
         try:
-            describe_topics(admin, [topic])
+            reachable(f"sink {self.name}", self.entry.kafka.bootstrap, lambda: describe_topics(admin, [topic]))
         except UnknownTopic:
             if not self.entry.kafka.create_topic:
                 raise ConfigError(

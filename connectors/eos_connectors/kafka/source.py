@@ -29,13 +29,13 @@ from eos_connectors.formats import avro, check_formats
 from eos_connectors.formats.decode import decode_in_spark, source_view
 from eos_connectors.kafka import offsets as planning
 from eos_connectors.kafka.clients import (
-    BrokerUnreachable,
     UnknownTopic,
     admin_client,
     consumer,
     describe_topics,
     end_offsets,
     only_connection_settings,
+    reachable,
     start_offsets,
 )
 from eos_connectors.kafka.config import KafkaSinkEntry, KafkaSinkSection, KafkaSourceEntry
@@ -88,14 +88,11 @@ class KafkaSource(SourceConnector):
     def _topics(self) -> dict[str, Any]:
         kafka = self.entry.kafka
         try:
-            topics = describe_topics(self.admin, kafka.topics)
+            topics = reachable(
+                f"source {self.name}", kafka.bootstrap, lambda: describe_topics(self.admin, kafka.topics)
+            )
         except UnknownTopic as exc:
             raise ConfigError(f"source {self.name}: topic {exc.topic!r} does not exist on {kafka.bootstrap}") from None
-        except BrokerUnreachable as exc:
-            raise EnvironmentProblem(
-                f"source {self.name}: cannot reach Kafka at {kafka.bootstrap} ({exc})",
-                hint="is the broker running (`eos kafka status`) and is bootstrap right?",
-            ) from None
         for topic, info in topics.items():
             if not info.topic_id or info.topic_id.startswith("AAAAAAAAAAAAAAAAAAAAAA"):
                 raise EnvironmentProblem(
