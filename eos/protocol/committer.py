@@ -176,6 +176,7 @@ class EpochCommitter:
                 typed = exc if isinstance(exc, EosError) else from_spark(exc)
                 if isinstance(typed, Permanent):
                     self._emit("on_epoch_aborted", epoch, attempt, reason, False)
+                    self._settle()
                     raise type(typed)(f"epoch {epoch}: {typed.message}", typed.hint) from None
                 if not isinstance(exc, Exception):
                     raise
@@ -183,6 +184,7 @@ class EpochCommitter:
                 retrying = self.consecutive_failures <= self.tolerable_failures
                 self._emit("on_epoch_aborted", epoch, attempt, reason, retrying)
                 if not retrying:
+                    self._settle()
                     raise EpochFailed(
                         f"epoch {epoch} failed {self.consecutive_failures} consecutive times "
                         f"(tolerable_failures: {self.tolerable_failures}); last error: {reason}"
@@ -223,6 +225,20 @@ class EpochCommitter:
             prepared[vote.slot][vote.sink] = vote.records
         committed = frozenset(v.slot for v in votes if v.committed)
         self._emit("on_attempt_failed", AttemptVotes(plan.epoch, plan.attempt, dict(prepared), committed))
+
+    def _settle(self) -> None:
+        """The pipeline stops on a failed epoch: end the prepared transactions that would otherwise
+        hold their locks until the next start (sinks that can resolve them from the driver; Kafka's
+        open transactions end at their timeout, or at the next start's fencing). Best effort."""
+        if not self.pipeline.exactly_once or self.control is None:
+            return
+        try:
+            decision = self.control.decision()
+            for (kind, _), group in recovery.by_system(self.sinks).items():
+                if kind.recovery is Recovery.RESUME:
+                    kind.resolve(group, decision)
+        except Exception as exc:
+            log.warning("could not resolve prepared transactions before stopping: %s", exc)
 
     def _recover_between_attempts(self, epoch: int, attempt: int) -> None:
         """Fence, resolve and re-read the ledgers before the next attempt. A system may be
