@@ -15,7 +15,7 @@ README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 def test_the_readme_pipeline_example_is_valid():
     example = re.search(r"```yaml\n(name: .*?)```", README, re.S)
     assert example, "the README lost its pipeline example"
-    config = parse_pipeline(example.group(1), env={"KAFKA_PASSWORD": "secret"})
+    config = parse_pipeline(example.group(1), env={"KAFKA_PASSWORD": "secret", "PG_DSN": "postgresql://eos@db/eos"})
     assert config.sources[0].on_error == "dlq" and config.epochs.slots == 2
     found = connectors(config, pipeline_info(config, "readme", None))
     for connector in [*found.sources, *found.sinks]:
@@ -24,7 +24,7 @@ def test_the_readme_pipeline_example_is_valid():
 
 def test_the_readme_commands_exist():
     subparsers = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
-    documented = re.findall(r"^\| `eos (\w+)", README, re.M)
+    documented = re.findall(r"^\| `eos ([\w-]+)", README, re.M)
     assert len(documented) >= 8
     for command in documented:
         assert command in subparsers.choices, f"README documents `eos {command}`, which does not exist"
