@@ -16,7 +16,6 @@ import io
 import json
 import os
 import random
-import shutil
 import sys
 import time
 from collections import Counter
@@ -239,7 +238,7 @@ def reset_table(dsn: str, table: str, pipeline: str, ledger_table: str = "eos_le
         ledger.delete_pipeline(conn, ledger_table, pipeline)
 
 
-def reset_demo(bootstrap: str, checkpoint_dir: Path, ledger_topic: str) -> None:
+def reset_demo(bootstrap: str, checkpoint: str, ledger_topic: str, spark: Any = None) -> None:
     admin = admin_client({"bootstrap.servers": bootstrap})
     existing = set(admin.list_topics(timeout=10).topics)
     doomed = [t for t in (INPUT_TOPIC, OUTPUT_TOPIC, ledger_topic) if t in existing]
@@ -251,7 +250,13 @@ def reset_demo(bootstrap: str, checkpoint_dir: Path, ledger_topic: str) -> None:
             if time.monotonic() > deadline:
                 raise EnvironmentProblem(f"topics {doomed} were not deleted within 60 s")
             time.sleep(0.2)
-    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    from eos.protocol.checkpoint import Checkpoint
+
+    Checkpoint(checkpoint, spark).delete()  # local, or on HDFS (the compose cluster) through Spark's JVM
+    for topic in (f"{ledger_topic}.control",):
+        if topic in set(admin.list_topics(timeout=10).topics):
+            for future in admin.delete_topics([topic], operation_timeout=30).values():
+                future.result()
 
 
 def start_postgres(port: int, external: bool) -> str:
@@ -296,10 +301,15 @@ def run_demo(
     os.environ.setdefault("EOS_CHECKPOINT_DIR", str(eos_home() / "demo" / "checkpoints"))
     pipeline_file = examples_dir() / "ad_attribution.yaml"
     config = load_pipeline(pipeline_file)
-    checkpoint = Path(config.checkpoint_path(pipeline_file.parent))
+    checkpoint = config.checkpoint_path(pipeline_file.parent)
+    spark = None
+    if "://" in checkpoint and not checkpoint.startswith("file:"):
+        from eos.sparksession import build_spark
+
+        spark = build_spark(f"eos-{config.name}", master=master, checkpoint=checkpoint)
 
     _say(f"Resetting the demo topics, table and checkpoint ({checkpoint}) ...")
-    reset_demo(bootstrap, checkpoint, config.ledger_topic)
+    reset_demo(bootstrap, checkpoint, config.ledger_topic, spark)
     reset_table(dsn, OUTPUT_TABLE, config.name)
     create_topic(admin_client({"bootstrap.servers": bootstrap}), INPUT_TOPIC, 4)
     generated, truth = generate_events(events, seed)
@@ -310,7 +320,7 @@ def run_demo(
 
     _say(f"Running {pipeline_file.name} until it has consumed everything (Spark {master or 'local[*]'}) ...")
     started = time.monotonic()
-    options = RunOptions(master=master, trigger="available-now", metrics_port=metrics_port)
+    options = RunOptions(master=master, trigger="available-now", metrics_port=metrics_port, spark=spark)
     result = run_config(config, pipeline_file.parent, options)
     _say(f"Pipeline done: {result.epochs_committed} epochs in {time.monotonic() - started:.1f} s.")
 
