@@ -24,8 +24,8 @@ import pytest
 
 from bench.inputs import Input, make_input
 from bench.peers import VIEW_SCHEMA, run_kstreams, run_quix
-from eos.demo import EVENT_SCHEMA, OUTPUT_SCHEMA, generate_events
 from eos.paths import schemas_dir
+from eos_ops.demo import EVENT_SCHEMA, OUTPUT_SCHEMA, generate_events
 from tests.support import KafkaUnderTest, read_all, start_local_broker
 
 EVENTS = 1_850  # ~2,000 records with the generator's duplicates
