@@ -25,13 +25,11 @@ def default_conf(master: str, checkpoint: str | None = None) -> dict[str, str]:
         "spark.master": master,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        # 200 shuffle partitions is for batch jobs; a micro-batch wants about one per core.
+        # 200 shuffle partitions is for batch jobs; a micro-batch wants about one per core (and a
+        # stateful pipeline's slots are its shuffle partitions).
         "spark.sql.shuffle.partitions": str(cores),
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-        # A barrier stage that cannot get its slots fails after ~5 s instead of ~10 minutes.
-        "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
-        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "5",
         "spark.sql.session.timeZone": "UTC",
     }
     if os.environ.get("EOS_SPARK_LOG") != "verbose":

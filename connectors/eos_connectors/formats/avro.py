@@ -12,7 +12,7 @@ A record must consume exactly its bytes: trailing bytes mean it was written with
 Two layouts, by the format's `registry:`:
 - plain: the Avro body alone, written with `schema:` (the writer schema);
 - wire: Confluent's wire format (magic byte 0, 4-byte schema id, body) with a registry
-  (connectors/formats/registry.py). Decoding resolves each record's writer schema by its id.
+  (eos_connectors/formats/registry.py). Decoding resolves each record's writer schema by its id.
 
 Schema evolution: records are read with the writer schema and resolved to the reader schema
 (`reader_schema:`, else `schema:`, else the subject's latest version in the registry), which also

@@ -92,7 +92,7 @@ def record_fields_ddl(schema: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Arrow types (the codec in connectors/formats/avro.py builds and reads Arrow arrays in bulk)
+# Arrow types (the codec in eos_connectors/formats/avro.py builds and reads Arrow arrays in bulk)
 # ---------------------------------------------------------------------------------------------
 
 # Logical types the codec converts in Arrow (vectorized) instead of per value in fastavro: the
