@@ -268,6 +268,11 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
             connector.validate()
         for connector in [*found.sources, *found.sinks]:
             connector.check(spark)
+        if "spark.sql.shuffle.partitions" not in config.spark.conf:
+            # Slots are the partitions of the epoch's rows: a stateless pipeline's come from the
+            # source's read tasks, a stateful one's from its shuffle; `slots` means both.
+            # (Spark keeps a stateful checkpoint's own number once it has one.)
+            spark.conf.set("spark.sql.shuffle.partitions", str(meta.replay["parallelism"]))
         options_ = StreamOptions(
             parallelism=int(meta.replay["parallelism"]),
             failpoints=[p.spec() for p in failpoints.points if p.name == "source.read"],
