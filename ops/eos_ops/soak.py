@@ -131,7 +131,6 @@ class Soak:
                  "topic": "soak-windows", "config": {"transaction.timeout.ms": TXN_TIMEOUT_MS}},
                  "key": "grp", "value_format": "json"},
             ],
-            "spark": {"conf": {"spark.python.task.killTimeout": "60s"}},
         }  # fmt: skip
         path = self.workdir / "pipeline.yaml"
         path.write_text(json.dumps(pipeline, indent=2))
