@@ -26,9 +26,14 @@ from bench.env import REPO, Progress, machine, preflight, wait_for_quiet
 
 SECTIONS = (
     "throughput",
+    "peers",
     "latency",
+    "epochcost",
+    "skew",
     "protocol",
     "scaling",
+    "cluster",
+    "postgres",
     "recovery",
     "memory",
     "failpoints",

@@ -40,7 +40,7 @@ class Input:
     windows_expected: int  # campaign-minute windows of the ground truth (stateful pipeline)
 
 
-def write_records(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+def write_records(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], partition_of: Any = None) -> None:
     out = producer(
         {
             "bootstrap.servers": bootstrap,
@@ -54,7 +54,10 @@ def write_records(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]
     for key, value in records:
         while True:
             try:
-                out.produce(topic, value, key)
+                if partition_of is None:
+                    out.produce(topic, value, key)
+                else:
+                    out.produce(topic, value, key, partition=partition_of(key))
                 break
             except BufferError:
                 out.poll(0.05)
@@ -72,14 +75,29 @@ def encode_event(event: dict[str, Any], schema: Any) -> bytes:
     return out.getvalue()
 
 
-def make_input(bootstrap: str, topic: str, partitions: int, events: int, seed: int = 7) -> Input:
-    """Create `topic` and fill it with `events` ad events (plus duplicates and a heartbeat)."""
+def hot_partitioner(partitions: int, hot: int):
+    """key -> partition: partition 0 takes `hot` shares, every other partition one (a stable hash
+    of the key, so a duplicate lands where its original did)."""
+    import zlib
+
+    buckets = hot + partitions - 1
+
+    def partition_of(key: bytes) -> int:
+        bucket = zlib.crc32(key) % buckets
+        return 0 if bucket < hot else bucket - hot + 1
+
+    return partition_of
+
+
+def make_input(bootstrap: str, topic: str, partitions: int, events: int, seed: int = 7, hot: int = 1) -> Input:
+    """Create `topic` and fill it with `events` ad events (plus duplicates and a heartbeat).
+    `hot` > 1: partition 0 gets `hot` times the records of each other partition."""
     if not create_topic(admin_client({"bootstrap.servers": bootstrap}), topic, partitions):
         raise EnvironmentProblem(f"input topic {topic} exists already; the benchmark writes its input once, fresh")
     generated, truth = generate_events(events, seed)
     schema = avro_schema(EVENT_SCHEMA)
     records = [(e["event_id"].encode(), encode_event(e, schema)) for e in generated]
-    write_records(bootstrap, topic, records)
+    write_records(bootstrap, topic, records, hot_partitioner(partitions, hot) if hot > 1 else None)
     mean = sum(len(v) for _, v in records) / len(records)
     return Input(topic, partitions, len(records), events, round(mean, 1), len(truth.expected_counts()))
 

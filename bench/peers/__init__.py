@@ -190,7 +190,7 @@ def quix_python(progress: Progress = _quiet) -> str:
 
 
 def kstreams_sources_hash() -> str:
-    from eos.localkafka import kafka_version
+    from eos_ops.localkafka import kafka_version
 
     digest = hashlib.sha256(kafka_version().encode() + b"\0")
     for path in sorted(p for p in KSTREAMS_DIR.rglob("*") if p.is_file() and "target" not in p.parts):
@@ -202,7 +202,7 @@ def kstreams_classpath(progress: Progress = _quiet) -> str:
     """Build the Kafka Streams peer once (Maven: compile, jar, copy its runtime jars); returns the
     Java classpath. Cached by a hash of pom.xml, the sources and the broker's Kafka version, which
     the build uses for kafka-streams (ops/kafka/pom.xml is the one place it is written)."""
-    from eos.localkafka import kafka_version
+    from eos_ops.localkafka import kafka_version
 
     cache = eos_home() / "kstreams" / kstreams_sources_hash()
     classpath = f"{cache / 'kstreams-peer.jar'}{os.pathsep}{cache / 'libs' / '*'}"
@@ -298,7 +298,7 @@ def _tail(path: Path, lines: int = 25) -> str:
 
 
 def _input_ends(bootstrap: str, topic: str) -> dict[int, int]:
-    from connectors.kafka_clients import admin_client, describe_partitions, end_offsets
+    from eos_connectors.kafka.clients import admin_client, describe_partitions, end_offsets
 
     admin = admin_client({"bootstrap.servers": bootstrap})
     partitions = describe_partitions(admin, [topic])
@@ -307,7 +307,7 @@ def _input_ends(bootstrap: str, topic: str) -> dict[int, int]:
 
 
 def _ensure_output(bootstrap: str, topic: str, partitions: int) -> None:
-    from connectors.kafka_clients import admin_client, create_topic
+    from eos_connectors.kafka.clients import admin_client, create_topic
 
     create_topic(admin_client({"bootstrap.servers": bootstrap}), topic, partitions)
 
@@ -315,9 +315,8 @@ def _ensure_output(bootstrap: str, topic: str, partitions: int) -> None:
 def _cleanup(bootstrap: str, group: str, internal_prefixes: tuple[str, ...]) -> None:
     """Drop the run's consumer group and internal topics (changelogs, repartition topics), so later
     runs find the broker as the first did."""
-    from connectors.kafka_clients import admin_client
-
     from bench.inputs import delete_topics
+    from eos_connectors.kafka.clients import admin_client
 
     admin = admin_client({"bootstrap.servers": bootstrap})
     with contextlib.suppress(Exception):  # best effort: leftovers only cost disk
@@ -533,7 +532,7 @@ def run_kstreams(
     """Run the Kafka Streams peer (exactly_once_v2, `threads` stream threads, one JVM) over all of
     `in_topic` into `out_topic`, as a new application.id; returns its measurements (see the module
     docstring). `commit_interval_ms` None keeps Kafka Streams' default (100 ms under exactly-once)."""
-    from eos.localkafka import find_java, kafka_version
+    from eos_ops.localkafka import find_java, kafka_version
 
     java = find_java()
     classpath = kstreams_classpath(progress)

@@ -21,10 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from connectors.kafka_clients import admin_client, create_topic
-
 from bench.inputs import count_records, delete_topics, expected_stateless_out, make_input
 from bench.peers import run_kstreams, run_quix
+from eos_connectors.kafka.clients import admin_client, create_topic
 
 PEERS = ("quix", "kstreams", "raw", "raw-txn")
 SEED = 7  # make_input's, so generate_events(events, SEED) gives the input's ground truth
@@ -88,10 +87,10 @@ def check(args: argparse.Namespace, bootstrap: str, source: Any, out_topic: str)
     import io
 
     import fastavro
-    from connectors.kafka_clients import consumer, describe_partitions, end_offsets
-    from connectors.range_reader import read_range
 
-    from eos.demo import OUTPUT_SCHEMA, avro_schema, generate_events
+    from eos_connectors.kafka.clients import consumer, describe_partitions, end_offsets
+    from eos_connectors.kafka.range_reader import read_range
+    from eos_ops.demo import OUTPUT_SCHEMA, avro_schema, generate_events
 
     _, truth = generate_events(args.events, SEED)
     expected = truth.expected_counts()
@@ -159,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.bootstrap:
         bootstrap, broker_pid = args.bootstrap, args.broker_pid
     else:
-        from eos.localkafka import LocalBroker, free_port
+        from eos_ops.localkafka import LocalBroker, free_port
 
         workdir = Path(tempfile.mkdtemp(prefix="bench-peers-"))
         broker = LocalBroker(port=free_port(), data_dir=workdir / "broker", heap="1g")

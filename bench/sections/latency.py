@@ -24,7 +24,9 @@ from eos.config import parse_duration
 from eos_connectors.kafka.clients import admin_client, create_topic
 
 
-def one_run(bench: Bench, trigger: str, mode: str) -> dict[str, Any]:
+def one_run(bench: Bench, trigger: str, mode: str, rate: int | None = None, hot: int | None = None) -> dict[str, Any]:
+    """One latency run. `hot`: records placed on the input's partitions, partition 0 at `hot` times
+    the rate of each other one (`rate` is then the total); else placed by key hash."""
     plan = bench.plan
     slug = {EO: "eo", ALO: "alo", BUILTIN: "spark"}[mode]
     name = unique(f"bench-latency-{slug}")
@@ -38,12 +40,14 @@ def one_run(bench: Bench, trigger: str, mode: str) -> dict[str, Any]:
         "--bootstrap": bench.bootstrap,
         "--input": in_topic,
         "--output": out_topic,
-        "--rate": plan.latency_rate,
+        "--rate": rate or plan.latency_rate,
         "--warmup": plan.latency_warmup_s,
         "--measure": plan.latency_measure_s,
         "--drain": drain,
         "--result": result_file,
     }
+    if hot is not None:
+        probe_args.update({"--partitions": plan.partitions, "--hot": hot})
     probe = subprocess.Popen(
         [sys.executable, "-m", "bench.probe", *(str(x) for pair in probe_args.items() for x in pair)], cwd=REPO
     )
@@ -84,7 +88,12 @@ def one_run(bench: Bench, trigger: str, mode: str) -> dict[str, Any]:
         probe.wait()
     probe_result = json.loads(result_file.read_text()) if result_file.exists() else {"error": "the probe wrote nothing"}
     delete_topics(bench.bootstrap, [in_topic, out_topic, f"eos-ledger-{name}"])
-    return {"trigger": trigger, "mode": mode, **probe_result, "epochs": run.epochs, "cpu": run.cpu}
+    row = {"trigger": trigger, "mode": mode, **probe_result, "epochs": run.epochs, "cpu": run.cpu}
+    visible = probe_result.get("produced")
+    if visible:
+        ours = sum(run.cpu.get(k, 0.0) for k in ("driver", "spark_jvm", "python_workers", "broker", "tools"))
+        row["cpu_us_per_record"] = ours * 1e6 / visible
+    return row
 
 
 def run(bench: Bench) -> dict[str, Any]:

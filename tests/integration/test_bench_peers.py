@@ -24,7 +24,7 @@ import pytest
 
 from bench.inputs import Input, make_input
 from bench.peers import VIEW_SCHEMA, run_kstreams, run_quix
-from eos.demo import EVENT_SCHEMA, OUTPUT_SCHEMA, generate_events
+from eos_ops.demo import EVENT_SCHEMA, OUTPUT_SCHEMA, generate_events
 from eos.paths import schemas_dir
 from tests.support import KafkaUnderTest, read_all, start_local_broker
 
