@@ -64,7 +64,7 @@ def _say(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.report import render
+    from bench.report import readme_peers, render
     from eos.errors import EosError
 
     argv = sys.argv[1:] if argv is None else argv
@@ -89,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or (RESULTS / "QUICK.md" if args.quick else DOC)
     out.write_text(render(results))
+    peers_md = readme_peers(results)
+    if peers_md:
+        (RESULTS / "README_PEERS.md").write_text(peers_md)
+        _say(f"the README's peer table (for its author): {RESULTS / 'README_PEERS.md'}")
     if not args.quick and out == DOC:
         DOC_JSON.write_text(json.dumps(results, indent=1, default=str))
     _say(f"wrote {out} and {json_path}")

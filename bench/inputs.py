@@ -102,6 +102,27 @@ def make_input(bootstrap: str, topic: str, partitions: int, events: int, seed: i
     return Input(topic, partitions, len(records), events, round(mean, 1), len(truth.expected_counts()))
 
 
+def ready_topic(bootstrap: str, name: str, partitions: int, timeout_s: float = 60.0) -> None:
+    """Create a topic and wait until every partition answers a ListOffsets: a pipeline started on a
+    topic created a moment ago can fail to pin its start offsets with NOT_LEADER_FOR_PARTITION
+    (eos does not retry that at start-up; see the notes)."""
+    from confluent_kafka import KafkaException
+
+    from eos_connectors.kafka.clients import start_offsets
+
+    admin = admin_client({"bootstrap.servers": bootstrap})
+    create_topic(admin, name, partitions)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            start_offsets(admin, {name: list(range(partitions))})
+            return
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def live_event(n: int, seed: int, now_ms: int, rng) -> dict[str, Any]:
     """An ad event happening now (latency and memory runs): event_time is the produce time."""
     return {

@@ -1012,3 +1012,37 @@ def postgres(results: dict[str, Any]) -> list[str]:
     out += table(["configuration", "rows/s (wall)", "CPU µs/input record", "rows"], rows)
     out += [f"eos / COPY loop (paired): **{ratio(_paired_rows(runs, 'eos', 'copy', 'rows_per_s'))}**.", ""]
     return out
+
+
+def readme_peers(results: dict[str, Any]) -> str:
+    """The README's peer table (the README is not the benchmark's: this is printed for its author,
+    and written to bench/results/README_PEERS.md)."""
+    from bench.sections.peers import CONFIGS as PEER_CONFIGS
+
+    section = results.get("peers") or {}
+    if not section.get("pipelines"):
+        return ""
+    rows = []
+    for pipeline, data in section["pipelines"].items():
+        runs = data["runs"]
+        for config in PEER_CONFIGS:
+            rs = runs.get(config, [])
+            if not rs:
+                continue
+            rows.append(
+                [
+                    f"{pipeline} ({data['input']['partitions']} partition(s))",
+                    config,
+                    n(summarize([r["rps_wall"] for r in rs]).median),
+                    n(summarize([r.get("cpu_us_per_record") for r in rs]).median, 0),
+                    ratio(_paired_rows(runs, EO, config)) if config != EO else "1.00×",
+                ]
+            )
+    meta = results.get("meta", {})
+    lines = [
+        f"Exactly-once, same broker and input, paired rounds (`{meta.get('command', 'python -m bench')}`, "
+        f"{meta.get('date', '')}; docs/BENCHMARKS.md §8):",
+        "",
+        *table(["pipeline", "engine", "records/s", "CPU µs/record (all processes)", "eos ÷ engine"], rows),
+    ]
+    return "\n".join(lines)

@@ -27,7 +27,9 @@ CONFIGS = (EO, ALO, BUILTIN, RAW, RAW_TXN)
 SPARK_CONFIGS = (EO, ALO, BUILTIN)
 
 
-def measure(bench: Bench, pipeline: str, config: str, source: Input, epoch_records: int | None) -> dict[str, Any]:
+def measure(
+    bench: Bench, pipeline: str, config: str, source: Input, epoch_records: int | None, listeners: list | None = None
+) -> dict[str, Any]:
     """Run once; returns rates (records of input per second) and what the run did."""
     slug = {EO: "eo", ALO: "alo", BUILTIN: "spark", RAW: "raw", RAW_TXN: "rawtxn"}[config]
     name = unique(f"bench-{pipeline}-{slug}")
@@ -66,7 +68,7 @@ def measure(bench: Bench, pipeline: str, config: str, source: Input, epoch_recor
                 bench.broker_pid,
             )
         else:
-            run = run_eos(bench.spark, settings, bench.work, bench.broker_pid)
+            run = run_eos(bench.spark, settings, bench.work, bench.broker_pid, extra_listeners=listeners)
             topics.append(f"eos-ledger-{name}")
             row["fence_s"] = run.fence_s
             row["aborted_attempts"] = len(run.aborted)

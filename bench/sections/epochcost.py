@@ -12,13 +12,39 @@ show what exactly-once adds per epoch. Target: the exactly-once median ≤ 0.25 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from bench.context import Bench
-from bench.runs import ALO, EO, brief, measure
+from bench.procs import CpuMeter
+from bench.runs import ALO, EO, OURS, brief, measure
 from bench.stats import percentile, summarize
+from eos.protocol.report import EpochListener
 
 SKIP_FIRST = 2  # query start-up and the first code generation
+
+
+class SteadyCpu(EpochListener):
+    """CPU of every process of ours from the start of epoch SKIP_FIRST to the last commit."""
+
+    def __init__(self, driver: int, broker: int | None):
+        self.meter = CpuMeter(driver, broker)
+        self.started = False
+        self.epochs = 0
+        self.cpu: dict[str, float] = {}
+
+    def on_epoch_start(self, epoch: int, attempt: int) -> None:
+        if epoch >= SKIP_FIRST and not self.started:
+            self.meter.start()
+            self.started = True
+
+    def on_epoch_committed(self, report: Any) -> None:
+        if self.started:
+            self.epochs += 1
+            self.cpu = self.meter.stop()
+
+    def result(self) -> dict[str, Any]:
+        return {"epochs": self.epochs, "cpu": self.cpu}
 
 
 def steady(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -39,16 +65,15 @@ def per_epoch(row: dict[str, Any]) -> dict[str, Any]:
             [max(0.0, e["trigger_s"] - e["plan_s"] - e["add_batch_s"] - e["mark_s"]) for e in epochs]
         ).median
         out["records_per_epoch"] = summarize([e.get("input_rows") or 0 for e in epochs]).median
-        out["cpu_ms_per_epoch"] = (
-            sum(row["cpu"].get(k, 0.0) for k in ("driver", "spark_jvm", "python_workers", "broker"))
-            * 1000
-            / len(row["epochs"])
-        )
+        steady_cpu = row.get("steady_cpu") or {}
+        if steady_cpu.get("epochs"):
+            out["cpu_ms_per_epoch"] = sum(steady_cpu["cpu"].get(k, 0.0) for k in OURS) * 1000 / steady_cpu["epochs"]
     return out
 
 
 def run(bench: Bench) -> dict[str, Any]:
     plan = bench.plan
+    bench.warm_up()
     source = bench.input(plan.epoch_cost_events, plan.partitions)
     runs: dict[str, list[dict[str, Any]]] = {EO: [], ALO: []}
     for round_no in range(plan.rounds):
@@ -56,7 +81,9 @@ def run(bench: Bench) -> dict[str, Any]:
             bench.say(
                 f"fixed cost: round {round_no + 1}/{plan.rounds}: {config}, {plan.epoch_cost_records}-record epochs ..."
             )
-            row = measure(bench, "stateless", config, source, plan.epoch_cost_records)
+            meter = SteadyCpu(os.getpid(), bench.broker_pid)
+            row = measure(bench, "stateless", config, source, plan.epoch_cost_records, listeners=[meter])
+            row["steady_cpu"] = meter.result()
             row["round"] = round_no
             row["per_epoch"] = per_epoch(row)
             runs[config].append(row)

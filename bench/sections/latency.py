@@ -17,11 +17,10 @@ from typing import Any
 from bench.builtin import run_builtin
 from bench.context import Bench
 from bench.env import REPO
-from bench.inputs import delete_topics
+from bench.inputs import delete_topics, ready_topic
 from bench.pipelines import run_eos, stateless_config, unique
-from bench.runs import ALO, BUILTIN, EO, measure
+from bench.runs import ALO, BUILTIN, EO
 from eos.config import parse_duration
-from eos_connectors.kafka.clients import admin_client, create_topic
 
 
 def one_run(bench: Bench, trigger: str, mode: str, rate: int | None = None, hot: int | None = None) -> dict[str, Any]:
@@ -31,9 +30,8 @@ def one_run(bench: Bench, trigger: str, mode: str, rate: int | None = None, hot:
     slug = {EO: "eo", ALO: "alo", BUILTIN: "spark"}[mode]
     name = unique(f"bench-latency-{slug}")
     in_topic, out_topic = f"{name}-in", f"{name}-out"
-    admin = admin_client({"bootstrap.servers": bench.bootstrap})
-    create_topic(admin, in_topic, plan.partitions)
-    create_topic(admin, out_topic, 4)
+    ready_topic(bench.bootstrap, in_topic, plan.partitions)
+    ready_topic(bench.bootstrap, out_topic, 4)
     result_file = bench.work / f"{name}.json"
     drain = max(30.0, 4 * parse_duration(trigger))
     probe_args = {
@@ -98,10 +96,7 @@ def one_run(bench: Bench, trigger: str, mode: str, rate: int | None = None, hot:
 
 def run(bench: Bench) -> dict[str, Any]:
     plan = bench.plan
-    bench.say("latency warm-up (Spark kills Python workers idle for a minute) ...")
-    warm = bench.input(plan.warmup_events, plan.partitions)
-    for config in (EO, BUILTIN):
-        measure(bench, "stateless", config, warm, plan.epoch_records)
+    bench.warm_up(force=True)
     rows: list[dict[str, Any]] = []
     for trigger in plan.latency_triggers:
         for run_no in range(plan.latency_runs):

@@ -73,6 +73,7 @@ def run(bench: Bench) -> dict[str, Any]:
     from bench.peers import kstreams_classpath, quix_python
 
     plan = bench.plan
+    bench.warm_up()
     bench.say("peers: installing Quix Streams (own venv) and building the Kafka Streams app (cached) ...")
     quix_python(bench.say)
     kstreams_classpath(bench.say)

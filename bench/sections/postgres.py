@@ -113,6 +113,7 @@ def run(bench: Bench) -> dict[str, Any]:
     from eos_ops.localpg import LocalPostgres, free_port
 
     plan = bench.plan
+    bench.warm_up()
     source = bench.input(plan.events, plan.partitions)
     server = LocalPostgres(port=free_port(), data_dir=bench.work / "postgres")
     bench.say("postgres: starting a local PostgreSQL server ...")

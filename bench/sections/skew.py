@@ -20,6 +20,7 @@ from bench.sections.latency import one_run
 
 def run(bench: Bench) -> dict[str, Any]:
     plan = bench.plan
+    bench.warm_up()
     hot = plan.skew_hot
     uniform = bench.input(plan.events, plan.partitions)
     skewed = bench.input(plan.events, plan.partitions, hot=hot)

@@ -88,3 +88,19 @@ def test_failpoints_section_runs_and_renders(bootstrap: str, tmp_path: Path, mon
     assert f"{result['hit_ns']} ns" in text
     assert "## 7. Failpoints, disarmed" in text and "_Not run in this invocation" in text
     assert report.render(results) == text
+
+
+def test_skewed_input_puts_the_hot_partition_at_its_share(bootstrap: str, unique_name) -> None:
+    """The skew section's input: partition 0 holds `hot` times the records of each other one
+    (by a stable hash of the key, so duplicates stay with their original)."""
+    from eos_connectors.kafka.clients import describe_partitions, end_offsets
+
+    source = make_input(bootstrap, unique_name("bench-hot"), 4, 3_000, hot=10)
+    admin = admin_client({"bootstrap.servers": bootstrap})
+    ends = end_offsets(admin, describe_partitions(admin, [source.topic]), read_committed=True)
+    counts = [ends[(source.topic, p)] for p in range(4)]
+    assert sum(counts) == source.records
+    cold = counts[1:]
+    assert min(cold) > 0
+    # 10 shares of 13 on partition 0: within a few percent for ~3,200 records
+    assert 8.0 < counts[0] / (sum(cold) / 3) < 12.5
