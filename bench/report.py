@@ -724,6 +724,19 @@ def profiles(results: dict[str, Any]) -> list[str]:
         ],
         rows,
     )
+    steps = section.get("steps")
+    if steps:
+        eos_steps = ("consume", "to_arrow", "decode", "encode", "produce")
+        raw_steps = ("consume", "raw: decode", "raw: transform + encode", "raw: produce")
+        rows = [[k, n(v, 2)] for k, v in steps["us_per_record"].items()]
+        rows.append(["eos's Python path (consume … produce)", n(sum(steps["us_per_record"][k] for k in eos_steps), 2)])
+        rows.append(["the raw loop's", n(sum(steps["us_per_record"][k] for k in raw_steps), 2)])
+        out += [
+            f"**The data path's Python work, step by step** (bench/steps.py: one process, the pipeline's own functions "
+            f"on the same {steps['records']:,} records, µs of CPU per record, least of {steps['repeats']} passes):",
+            "",
+            *table(["step", "µs CPU / record"], rows),
+        ]
     out += ["**Spark's Python workers**: share of on-CPU samples by step (innermost matching function):", ""]
     out += table(["step", *spark_runs], _side_by_side(spark_runs, "workers", "steps"))
     out += ["**Spark JVM** (JFR execution samples of Java threads) by step (innermost matching frame):", ""]

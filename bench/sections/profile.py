@@ -18,9 +18,11 @@ import os
 from typing import Any
 
 from bench.context import Bench
+from bench.inputs import delete_topics, ready_topic
 from bench.procs import descendants, snapshot, worker_roots
 from bench.profiling import JvmRecorder, Recorder, jvm_summary, summarize
 from bench.runs import ALO, BUILTIN, EO, RAW, brief, measure
+from bench.steps import step_costs
 
 
 def _spark_jvm() -> int | None:
@@ -31,9 +33,7 @@ def _spark_jvm() -> int | None:
 def run(bench: Bench) -> dict[str, Any]:
     plan = bench.plan
     source = bench.input(plan.profile_events, plan.partitions)
-    bench.say("profile warm-up (Python workers idle for a minute are gone) ...")
-    for config in (EO, BUILTIN):
-        measure(bench, "stateless", config, bench.input(plan.warmup_events, plan.partitions), plan.epoch_records)
+    bench.warm_up(force=True)
     out: dict[str, Any] = {"input_records": source.records, "epoch_records": plan.epoch_records, "runs": {}}
     jvm_pid = _spark_jvm()
     for config in (EO, ALO, BUILTIN, RAW):
@@ -66,4 +66,9 @@ def run(bench: Bench) -> dict[str, Any]:
             "epochs": row["epochs"],
             "profiles": profiles,
         }
+    bench.say("profile: the data path's Python steps, one process (bench/steps.py) ...")
+    steps_out = f"bench-steps-{os.getpid()}"
+    ready_topic(bench.bootstrap, steps_out, plan.partitions)
+    out["steps"] = step_costs(bench.bootstrap, source.topic, steps_out)
+    delete_topics(bench.bootstrap, [steps_out])
     return out
