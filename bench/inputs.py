@@ -134,12 +134,26 @@ def live_event(n: int, seed: int, now_ms: int, rng) -> dict[str, Any]:
     }
 
 
-def count_records(bootstrap: str, topic: str, read_committed: bool = True) -> int:
-    """How many records a read_committed (or read_uncommitted) reader sees in `topic`."""
+def count_records(bootstrap: str, topic: str, read_committed: bool = True, settle_s: float = 30.0) -> int:
+    """How many records a read_committed (or read_uncommitted) reader sees in `topic`.
+
+    read_committed: first waits (up to `settle_s`) until nothing is open on the topic (the last
+    stable offset reached the high watermark). `commit_transaction` returns before the broker has
+    written the commit markers to every partition, so counting right after a run's last commit
+    could see part of it, or none."""
     client = {"bootstrap.servers": bootstrap}
     admin = admin_client(client)
     partitions = describe_partitions(admin, [topic])
-    ends = end_offsets(admin, partitions, read_committed=read_committed)
+    if read_committed:
+        high = end_offsets(admin, partitions, read_committed=False)
+        deadline = time.monotonic() + settle_s
+        while True:
+            ends = end_offsets(admin, partitions, read_committed=True)
+            if all(ends[tp] >= high[tp] for tp in high) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    else:
+        ends = end_offsets(admin, partitions, read_committed=False)
     reader = consumer(client, **{"isolation.level": "read_committed" if read_committed else "read_uncommitted"})
     seen = 0
     try:

@@ -74,8 +74,10 @@ def classify(driver: int, broker: int | None, procs: dict[int, ProcInfo]) -> dic
         cmd = procs[pid].cmdline
         if "pyspark.daemon" in cmd or "pyspark.worker" in cmd or "pyspark/daemon" in cmd:
             classes[pid] = "python_workers"
-        elif "java" in cmd.split(" ")[0] and "SparkSubmit" in cmd:
-            classes[pid] = "spark_jvm"
+        elif "java" in cmd.split(" ")[0] and ("SparkSubmit" in cmd or "CoarseGrainedExecutorBackend" in cmd):
+            classes[pid] = "spark_jvm"  # local mode: driver and executor; a cluster: its driver and executors
+        elif "cluster_app.py" in cmd:
+            classes[pid] = "driver"  # the cluster section's submitted eos driver (Python)
         elif "python" in cmd.split(" ")[0] and "SparkSubmit" in getattr(procs.get(procs[pid].ppid), "cmdline", ""):
             classes[pid] = "python_workers"  # a Python process the JVM started directly (planner workers)
         else:

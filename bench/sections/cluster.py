@@ -125,9 +125,10 @@ def projection(rows: list[dict[str, Any]], epoch_records: int) -> dict[str, Any]
     """A 16-partition, 16-core cluster on paper, from two measured costs of the cluster runs: the
     fixed cost per epoch (line fit of epoch time against records per epoch, over every cluster
     epoch) and the task CPU per record (executor JVMs and Python workers, from /proc, at the
-    largest core count). Assumes the broker and the driver are on machines of their own, the
-    per-record work divides evenly over the cores (16 partitions, 16 slots), and the fixed cost
-    per epoch does not grow with the number of tasks."""
+    largest core count; the driver's JVM is in that figure too, so it errs high). Assumes the
+    broker and the driver are on machines of their own, the per-record work divides evenly over
+    the cores (16 partitions, 16 slots), and the fixed cost per epoch does not grow with the
+    number of tasks."""
     cluster_epochs = [e for r in rows if r["where"] != LOCAL for e in r["epochs"] if e["epoch"] >= 1]
     xs = [float(e.get("input_rows") or 0) for e in cluster_epochs]
     ys = [e["trigger_s"] for e in cluster_epochs]
