@@ -283,14 +283,14 @@ def cluster_targets(results: dict[str, Any]) -> list[dict[str, str]]:
     for cores in CORES:
         rs = [r for r in runs if r["where"] != LOCAL and r["cores"] == cores]
         paired = [(r, local[r["round"]]) for r in rs if r["round"] in local]
-        s = ratio_summary([a["rps_epochs"] for a, _ in paired], [b["rps_epochs"] for _, b in paired])
+        s = ratio_summary([a["rps_steady"] for a, _ in paired], [b["rps_steady"] for _, b in paired])
         epoch = summarize([r["epoch_s"]["median"] for r in rs])
         base_epoch = summarize([r["epoch_s"]["median"] for r in local.values()])
         rows.append(
             {
                 "name": f"standalone cluster, {cores} executor core(s) vs local[2] (stateless, exactly-once)",
-                "measured": f"{_rate(rs, 'rps_epochs')} (epoch time), median epoch {epoch.median:.2f} s",
-                "baseline": f"local[2]: {_rate(list(local.values()), 'rps_epochs')}, median epoch "
+                "measured": f"{_rate(rs, 'rps_steady')} (epoch time), median epoch {epoch.median:.2f} s",
+                "baseline": f"local[2]: {_rate(list(local.values()), 'rps_steady')}, median epoch "
                 f"{base_epoch.median:.2f} s",
                 "value": _fmt_ratio(s),
                 "target": "report (scale-out)",

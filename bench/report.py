@@ -969,9 +969,10 @@ def cluster(results: dict[str, Any]) -> list[str]:
         "bench/cluster_app.py = eos/job.py's `eos run` plus the benchmark's listener) to `local[2]` and to a",
         "standalone cluster on this machine (2 workers × 2 cores; the application limited to 1, 2 or 4 executor",
         f"cores, slots = cores). Cluster start-up: {n(section['cluster_start_s'], 1)} s (not in any figure).",
-        "Records/s over the epochs' time (the sum of Spark's triggerExecution: a cold driver's start-up, session",
-        "build and recovery, which are in the wall time, would swamp short runs) and over the driver's `run_config`",
-        "wall time; ratios (epoch time) against `local[2]` of the same round.",
+        "Records/s over the epochs' time from epoch 1 on (the sum of Spark's triggerExecution; a cold driver's",
+        "start-up, session build, recovery and epoch 0, which starts the executors' Python workers, would swamp",
+        "short runs) and over the driver's `run_config` wall time; ratios (epoch time) against `local[2]` of the",
+        "same round.",
         "",
     ]
     runs = section["runs"]
@@ -988,13 +989,13 @@ def cluster(results: dict[str, Any]) -> list[str]:
         rows.append(
             [
                 f"{key[0]}, {key[1]} core(s)",
-                span(summarize([r["rps_epochs"] for r in rs])),
+                span(summarize([r["rps_steady"] for r in rs])),
                 span(summarize([r["rps_wall"] for r in rs])),
                 _cpu(rs),
                 span(summarize([r["epoch_s"]["median"] for r in rs]), 2, " s"),
                 n(summarize([len(r["epochs"]) for r in rs]).median),
                 n(summarize([r["records_out"] for r in rs]).median),
-                ratio(ratio_summary([a["rps_epochs"] for a, _ in paired], [b["rps_epochs"] for _, b in paired])),
+                ratio(ratio_summary([a["rps_steady"] for a, _ in paired], [b["rps_steady"] for _, b in paired])),
             ]
         )
     out += table(

@@ -4,7 +4,8 @@
 stateless pipeline, with `--failpoint POINT=kill@epoch=2`: the failpoint kills the driver's
 process group (driver, Spark JVM, Python workers). The benchmark then restarts the same command
 and times, from the restart command: the recovery line (fencing done, ledger read) and the first
-epoch Spark marks committed (a new file in the checkpoint's commit log, polled every 20 ms). Baseline: the same command's cold start to its first committed epoch,
+epoch Spark marks committed (a new file in the checkpoint's commit log, polled every 20 ms).
+Baseline: the same command's cold start to its first committed epoch,
 in the same run (a restart cannot be faster than a cold start: both start a JVM). Separately:
 from the kill to the process group being gone, and from there to the restart. After the
 restarted run drains the input, the committed output is checked: exactly the expected records.
