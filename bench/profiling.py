@@ -3,7 +3,8 @@
 `py-spy record --format raw` writes collapsed stacks ("frame;frame;... count"); the summary
 gives, per process group, the functions where samples land (self) and the functions that
 contain them (inclusive), and sorts the workers' samples into the pipeline's steps by the
-innermost eos/connector function on the stack. Only on-CPU samples are kept (py-spy's default
+innermost eos/connector function on the stack. Samples whose innermost frame is a known wait
+(`IDLE`) are dropped. Only on-CPU samples are kept (py-spy's default
 drops idle threads), so the shares are shares of CPU time spent in Python.
 """
 
@@ -34,10 +35,11 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("raw loop: consume", "consume"),
     ("PySpark: new worker set-up (sys.path, import caches)", "setup_spark_files"),
     ("PySpark: new worker start-up (imports)", "import_module"),
+    ("Python imports (a new worker loading eos, pyarrow, confluent_kafka ...)", "_find_and_load"),
     ("PySpark: unpickling the task's functions", "read_udfs"),
     ("PySpark: Arrow to/from the JVM", "dump_stream"),
     ("PySpark: Arrow to/from the JVM", "load_stream"),
-    ("PySpark daemon/worker loop (gc.collect() after every task, polling)", "manager"),
+    ("PySpark daemon/worker loop", "manager"),
 )
 _LINE = re.compile(r":\d+\)$")
 
@@ -116,11 +118,32 @@ def read_stacks(files: list[Path]) -> Counter[tuple[str, ...]]:
     return stacks
 
 
+# Innermost frames that are waiting, not computing: with `--nonblocking` py-spy cannot always tell
+# a thread blocked in a C call from a running one, so these samples are dropped (the PySpark
+# daemon's 1 s poll() loop alone made up most of the workers' samples).
+IDLE = (
+    "manager (daemon.py)",
+    "SocketIO.readinto (socket.py)",
+    "_PollLikeSelector.select (selectors.py)",
+    "Condition.wait (threading.py)",
+    "FinalizerWorker.run (py4j/clientserver.py)",
+    "read_int (serializers.py)",
+    "Event.wait (threading.py)",
+)
+
+
 def summarize(files: list[Path], top: int = 12) -> dict[str, object]:
     stacks = read_stacks(files)
+
+    def idle(frames: tuple[str, ...]) -> bool:
+        code = [f for f in frames if not f.startswith("[")]
+        return bool(code) and code[-1] in IDLE
+
+    idle_samples = sum(n for frames, n in stacks.items() if idle(frames))
+    stacks = Counter({frames: n for frames, n in stacks.items() if not idle(frames)})
     total = sum(stacks.values())
     if not total:
-        return {"samples": 0, "self": [], "inclusive": [], "steps": []}
+        return {"samples": 0, "idle_samples": idle_samples, "self": [], "inclusive": [], "steps": []}
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     steps: Counter[str] = Counter()
@@ -143,6 +166,7 @@ def summarize(files: list[Path], top: int = 12) -> dict[str, object]:
 
     return {
         "samples": total,
+        "idle_samples": idle_samples,
         "self": pct(own, top),
         "inclusive": pct(inclusive, top, skip_roots=True),
         "steps": pct(steps, len(STEPS) + 1),
