@@ -1,7 +1,7 @@
 """`python -m bench`: run the benchmark and write docs/BENCHMARKS.md and bench/results/latest.json.
 
-python -m bench                 everything (~1 hour); waits for a quiet machine first
-python -m bench --quick         every section, small sizes, one run each (~10 min); writes
+python -m bench                 everything (~2 hours); waits for a quiet machine first
+python -m bench --quick         every section, small sizes, one run each (~15 min on a quiet machine); writes
                                 bench/results/quick.{json,md}, never the docs
 python -m bench --sections failpoints,recovery --merge
                                 re-run some sections into the existing results

@@ -48,6 +48,7 @@ class Plan:
     cluster_events: int
     cluster_rounds: int
     cluster_timeout_s: float
+    cluster_cores: tuple[int, ...] = (1, 2, 4)  # executor cores in total, each against local[2]
 
     def estimates(self) -> dict[str, float]:
         """Seconds each section is expected to take (for the ETA), from runs on the 2-core machine."""
@@ -81,7 +82,8 @@ class Plan:
             "epochcost": self.rounds * 2 * (10 + self.epoch_cost_events * 1.08 / self.epoch_cost_records * 0.3),
             "skew": self.rounds * 2 * (10 + records / 13_000)
             + self.skew_latency_runs * 2 * (self.latency_warmup_s + self.latency_measure_s + 12),
-            "cluster": 40 + self.cluster_rounds * 4 * (45 + self.cluster_events * 1.08 / 8_000),
+            "cluster": 40
+            + self.cluster_rounds * (1 + len(self.cluster_cores)) * (45 + self.cluster_events * 1.08 / 8_000),
             "postgres": 20 + self.rounds * 2 * (10 + records / 15_000),
         }
 
@@ -143,7 +145,7 @@ QUICK = Plan(
     recovery_runs=1,
     recovery_events=10_000,
     recovery_epoch_records=5_000,
-    memory_duration_s=45,
+    memory_duration_s=30,
     memory_rate=500,
     failpoint_rounds=3,
     failpoint_records=5_000,
@@ -156,6 +158,7 @@ QUICK = Plan(
     cluster_events=20_000,
     cluster_rounds=1,
     cluster_timeout_s=600,
+    cluster_cores=(2,),
 )
 
 

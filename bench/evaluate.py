@@ -282,6 +282,8 @@ def cluster_targets(results: dict[str, Any]) -> list[dict[str, str]]:
     rows = []
     for cores in CORES:
         rs = [r for r in runs if r["where"] != LOCAL and r["cores"] == cores]
+        if not rs:
+            continue
         paired = [(r, local[r["round"]]) for r in rs if r["round"] in local]
         s = ratio_summary([a["rps_steady"] for a, _ in paired], [b["rps_steady"] for _, b in paired])
         epoch = summarize([r["epoch_s"]["median"] for r in rs])

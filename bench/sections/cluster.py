@@ -129,7 +129,7 @@ def projection(rows: list[dict[str, Any]], epoch_records: int) -> dict[str, Any]
     """A 16-partition, 16-core cluster on paper, from two measured costs of the cluster runs: the
     fixed cost per epoch (line fit of epoch time against records per epoch, over every cluster
     epoch) and the task CPU per record (executor JVMs and Python workers, from /proc, at the
-    largest core count; the driver's JVM is in that figure too, so it errs high). Assumes the
+    largest core count run; the driver's JVM is in that figure too, so it errs high). Assumes the
     broker and the driver are on machines of their own, the per-record work divides evenly over
     the cores (16 partitions, 16 slots), and the fixed cost per epoch does not grow with the
     number of tasks."""
@@ -137,7 +137,8 @@ def projection(rows: list[dict[str, Any]], epoch_records: int) -> dict[str, Any]
     xs = [float(e.get("input_rows") or 0) for e in cluster_epochs]
     ys = [e["trigger_s"] for e in cluster_epochs]
     fixed_s, per_record_s, r2 = line_fit(xs, ys)
-    widest = [r for r in rows if r["where"] != LOCAL and r["cores"] == max(CORES)]
+    widest_cores = max((r["cores"] for r in rows if r["where"] != LOCAL), default=0)
+    widest = [r for r in rows if r["where"] != LOCAL and r["cores"] == widest_cores]
     task_cpu = [(r["cpu"].get("tools", 0.0) + r["cpu"].get("python_workers", 0.0)) / r["records_in"] for r in widest]
     cpu_per_record = summarize(task_cpu).median
     out: dict[str, Any] = {
@@ -166,7 +167,8 @@ def run(bench: Bench) -> dict[str, Any]:
         started = time.monotonic()
         cluster.start(progress=bench.say)
         start_s = time.monotonic() - started
-        configs = [(LOCAL, 2), *(("standalone", c) for c in CORES)]
+        cores = getattr(plan, "cluster_cores", CORES)  # quick: 2 only
+        configs = [(LOCAL, 2), *(("standalone", c) for c in cores)]
         for round_no in range(plan.cluster_rounds):
             order = configs[round_no % len(configs) :] + configs[: round_no % len(configs)]
             for where, cores in order:
