@@ -8,7 +8,8 @@ Each spec is NAME=ACTION[@CONDITIONS]. Actions:
     kill         SIGKILL the driver's whole process group (driver, Spark JVM, Python workers):
                  `kill -9` of the driver, whichever process reaches the point
     raise        raise FailpointError here (a task failure, or a driver failure)
-    pause(S)     sleep S seconds (a stall: zombies, timeouts)
+    pause(S)     sleep S seconds (a stall: zombies, timeouts), or until the test releases it
+                 (`release(state_dir)`: a file named RELEASE in the failpoints' folder)
 Conditions: epoch=N, slot=K, attempt=A (first attempt is 1), times=T (fire at most T times across
 all processes and restarts; default 1; 0 = unlimited).
 
@@ -126,7 +127,12 @@ class Failpoints:
 
     def _act(self, point: Failpoint, where: str) -> None:
         if point.action == "pause":
-            time.sleep(point.arg)
+            # A test can end every pause early: a stall that must outlast something it cannot
+            # time (another driver's whole run on a loaded machine) is released instead.
+            released = Path(self.state_dir or tempfile.gettempdir()) / RELEASE
+            deadline = time.monotonic() + point.arg
+            while time.monotonic() < deadline and not released.exists():
+                time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
         elif point.action == "raise":
             raise FailpointError(f"failpoint {where}")
         elif point.action == "kill":
@@ -146,6 +152,14 @@ class Failpoints:
 
 
 DISARMED = Failpoints()
+RELEASE = "RELEASE"
+
+
+def release(state_dir: str | Path) -> None:
+    """End every pause of failpoints using `state_dir` (tests)."""
+    folder = Path(state_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / RELEASE).touch()
 
 
 def from_specs(specs: list[str], state_dir: str) -> Failpoints:

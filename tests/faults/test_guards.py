@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from eos.failpoints import release
 from eos_connectors.kafka.clients import create_topic
 from tests.faults.test_fault_matrix import eos_verify, run_until_done
 from tests.pipelines import (
@@ -60,7 +61,7 @@ def test_a_second_driver_is_refused_and_a_takeover_fences_the_first(bootstrap, n
         tmp_path,
         passthrough_pipeline(unique_name("p"), bootstrap, source, sink, checkpoint, max_records_per_epoch=300),
     )
-    stalled = _popen_run(path, "--failpoint", "epoch.after_offsets_logged=pause(75)@epoch=1")
+    stalled = _popen_run(path, "--failpoint", "epoch.after_offsets_logged=pause(900)@epoch=1")
     try:
         _wait_for("driver B reaches epoch 1", lambda: (checkpoint / "commits" / "0").exists(), stalled)
         time.sleep(2)  # B is now inside epoch 1's pause
@@ -73,7 +74,9 @@ def test_a_second_driver_is_refused_and_a_takeover_fences_the_first(bootstrap, n
         took_over = eos_subprocess("run", str(path), "--take-over")
         assert took_over.returncode == 0, took_over.output[-3000:]
         assert_exactly_once(sent, committed_values(bootstrap, sink))
+        assert stalled.poll() is None, "driver B was meant to stall until now"
 
+        release(checkpoint / "_eos" / "scratch" / "failpoints")  # B wakes up with its stale view
         output, _ = stalled.communicate(timeout=300)
         assert stalled.returncode != 0, output[-3000:]
         assert "another eos driver took over pipeline" in output, output[-3000:]

@@ -36,7 +36,7 @@ from eos_connectors.kafka import ids
 from eos_connectors.kafka.clients import admin_client, is_fenced, is_indefinite, kafka_error, producer
 from eos_connectors.kafka.ledger import control_key, ensure_ledger_topic, scan, wait_until_stable
 
-log = logging.getLogger("eos.kafka.control")
+log = logging.getLogger("eos.control")
 
 KINDS = ("driver", "decision", "pools")
 

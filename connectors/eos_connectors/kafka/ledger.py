@@ -35,7 +35,7 @@ from eos_connectors.kafka.clients import (
 )
 from eos_connectors.kafka.range_reader import read_range
 
-log = logging.getLogger("eos.kafka.ledger")
+log = logging.getLogger("eos.ledger")
 
 CONTROL = "~control"  # key component of control records: never a sink name
 

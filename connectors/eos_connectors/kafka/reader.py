@@ -48,7 +48,7 @@ from eos_connectors.kafka.clients import (
 )
 from eos_connectors.kafka.range_reader import FETCH_TUNING, RangeReadError, read_range
 
-log = logging.getLogger("eos.kafka.source")
+log = logging.getLogger("eos.source")
 
 FORMAT_NAME = "eos-kafka"
 ARROW_BATCH_ROWS = 20_000
