@@ -139,7 +139,9 @@ def projection(rows: list[dict[str, Any]], epoch_records: int) -> dict[str, Any]
     fixed_s, per_record_s, r2 = line_fit(xs, ys)
     widest_cores = max((r["cores"] for r in rows if r["where"] != LOCAL), default=0)
     widest = [r for r in rows if r["where"] != LOCAL and r["cores"] == widest_cores]
-    task_cpu = [(r["cpu"].get("tools", 0.0) + r["cpu"].get("python_workers", 0.0)) / r["records_in"] for r in widest]
+    task_cpu = [
+        (r["cpu"].get("spark_jvm", 0.0) + r["cpu"].get("python_workers", 0.0)) / r["records_in"] for r in widest
+    ]
     cpu_per_record = summarize(task_cpu).median
     out: dict[str, Any] = {
         "fixed_s": fixed_s,
