@@ -291,8 +291,8 @@ def cluster_targets(results: dict[str, Any]) -> list[dict[str, str]]:
         rows.append(
             {
                 "name": f"standalone cluster, {cores} executor core(s) vs local[2] (stateless, exactly-once)",
-                "measured": f"{_rate(rs, 'rps_steady')} (epoch time), median epoch {epoch.median:.2f} s",
-                "baseline": f"local[2]: {_rate(list(local.values()), 'rps_steady')}, median epoch "
+                "measured": f"{_rate(rs, 'rps_steady', 'rec/s over epochs')}, median epoch {epoch.median:.2f} s",
+                "baseline": f"local[2]: {_rate(list(local.values()), 'rps_steady', 'rec/s over epochs')}, median epoch "
                 f"{base_epoch.median:.2f} s",
                 "value": _fmt_ratio(s),
                 "target": "report (scale-out)",
