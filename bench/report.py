@@ -95,7 +95,7 @@ def header(results: dict[str, Any]) -> list[str]:
         "",
         "```sh",
         "make bench                 # = .venv/bin/python -m bench: every section, rewrites this file",
-        "python -m bench --quick    # every section, small sizes, one run each (~10 min): bench/results/QUICK.md",
+        "python -m bench --quick    # every section, small sizes, one run each (~15 min): bench/results/QUICK.md",
         "```",
         "",
         f"- **Run**: `{meta['command']}` on {meta['date']} ({n(meta.get('duration_s', 0) / 60, 0)} min)"

@@ -28,7 +28,7 @@ from bench.context import Bench
 from bench.env import REPO
 from bench.inputs import count_records, delete_topics
 from bench.pipelines import stateless_config, unique
-from bench.procs import CpuMeter
+from bench.procs import SampledCpuMeter
 from bench.runs import OURS
 from bench.stats import line_fit, summarize
 
@@ -84,7 +84,7 @@ def one_run(bench: Bench, cluster: Any, where: str, cores: int, source: Any) -> 
     conf = {"spark.sql.shuffle.partitions": str(cores), "spark.default.parallelism": str(cores)}
     if where != LOCAL:
         conf.update(_submit_conf(cores))
-    meter = CpuMeter(os.getpid(), bench.broker_pid)
+    meter = SampledCpuMeter(os.getpid(), bench.broker_pid)
     meter.start()
     started = time.monotonic()
     # The same spark-submit command, settings and environment for both; local mode swaps the master.
