@@ -1079,9 +1079,15 @@ def readme_peers(results: dict[str, Any]) -> str:
                 ]
             )
     meta = results.get("meta", {})
+    load = (meta.get("load") or {}).get("load_at_start")
+    how = (
+        f"QUICK MODE (one round, smoke-test sizes, load average {load} at start: not figures)"
+        if meta.get("quick")
+        else f"median of paired rounds, load average {load} at start"
+    )
     lines = [
-        f"Exactly-once, same broker and input, paired rounds (`{meta.get('command', 'python -m bench')}`, "
-        f"{meta.get('date', '')}; docs/BENCHMARKS.md §8):",
+        f"Exactly-once, same broker and input, rates over processing time for the peers and over the run for eos "
+        f"(`{meta.get('command', 'python -m bench')}`, {meta.get('date', '')}, {how}; docs/BENCHMARKS.md §8):",
         "",
         *table(["pipeline", "engine", "records/s", "CPU µs/record (all processes)", "eos ÷ engine"], rows),
     ]
