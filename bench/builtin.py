@@ -2,11 +2,14 @@
 PySpark user would otherwise pick. At-least-once only (Spark's Kafka sink has no transactions).
 
 The transform code is eos's own, so the comparison is about the connectors and the protocol,
-not about the Avro codec: the same fastavro `arrow_udf`s decode and encode
-(eos_connectors.formats.decode_source / encode_sink; spark-avro is not used), the same SQL and the
-same Python transform run, and the source reads `read_committed` like eos's. What differs is
-only what a connector does: Spark reads with its Kafka consumer and writes from the JVM with
-Kafka's Java producer in the same stage, with no shuffle to sink slots.
+not about the Avro codec: the same fastavro code decodes and encodes (eos_connectors.formats.avro's
+`decode_batch`/`encode_batch`, here as `arrow_udf`s through `decode_with`/`encode_with`; spark-avro
+is not used), the same SQL and the same Python transform run, the sink's columns are built by
+eos's own `sink_columns`, and the source reads `read_committed` like eos's. What differs is only
+what a connector does: Spark reads with its Kafka consumer in the JVM and the rows go to a Python
+worker for the decode UDF and again for the encode UDF, then Kafka's Java producer writes them
+from the JVM; eos reads and decodes in one Python read task and encodes and produces in the sink
+writer, in the same stage.
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ import yaml
 
 from bench.pipelines import PLAN_KEYS, run_spans
 from bench.procs import CpuMeter
+from eos.api import ERROR, POISON_COLUMNS, RAW_KEY, RAW_VALUE
 from eos.config import pipeline_from_yaml
 from eos.pipeline import load_function
 from eos.yamlsource import parse_yaml
-from eos_connectors.formats import decode_source, encode_sink, source_view, split_poison
+from eos_connectors.formats.avro import decode_codec, decode_with, encode_codec, encode_with
+from eos_connectors.formats.decode import METADATA, decode_in_spark, source_view
+from eos_connectors.formats.encode import sink_columns
 
 
 @dataclass
@@ -40,8 +46,37 @@ class BuiltinRun:
         return sum(e["trigger_s"] for e in self.epochs)
 
 
+def _decoded(raw, source, base_dir: Path):
+    """Spark's Kafka rows -> eos's source rows (key, value, metadata, poison columns), the Avro
+    decoded by the same fastavro code eos's read task runs, as a UDF."""
+    from pyspark.sql import functions as F
+
+    columns = {"key": F.col("key"), "value": F.col("value")}
+    errors = []
+    for which, fmt in (("key", source.key_format), ("value", source.value_format)):
+        if fmt.type == "avro":
+            result = decode_with(decode_codec(fmt, which, base_dir, list(source.kafka.topics)), F.col(which))
+            columns[which] = result["value"]
+            errors.append(result["error"])
+    error = F.coalesce(*errors) if errors else F.lit(None).cast("string")
+    if source.on_error == "fail":  # eos's read task stops at the first poison record: one check
+        error = F.when(error.isNotNull(), F.raise_error(F.concat(F.lit("poison record: "), error)))
+    rows = raw.select(
+        columns["key"].alias("key"),
+        columns["value"].alias("value"),
+        *METADATA,
+        error.alias(ERROR),
+        F.lit(None).cast("binary").alias(RAW_KEY),
+        F.lit(None).cast("binary").alias(RAW_VALUE),
+    )
+    # string keys and json values: the same Spark expressions eos applies to its reader's rows
+    return decode_in_spark(rows, source, base_dir)
+
+
 def _plan(session, config, base_dir: Path, bootstrap: str, epoch_records: int | None):
     """config (an eos pipeline, parsed) -> the streaming (key, value) DataFrame of its one sink."""
+    from pyspark.sql import functions as F
+
     source = config.sources[0]
     reader = (
         session.readStream.format("kafka")
@@ -53,10 +88,8 @@ def _plan(session, config, base_dir: Path, bootstrap: str, epoch_records: int | 
     )
     if epoch_records:
         reader = reader.option("maxOffsetsPerTrigger", str(epoch_records))
-    decoded = decode_source(reader.load(), source, base_dir)
-    # eos's poison check under on_error: fail (one filter), so both run the same expressions.
-    good, _ = split_poison(decoded, decoded, source, config.name)
-    view = source_view(good, source)
+    decoded = _decoded(reader.load(), source, base_dir)
+    view = source_view(decoded, source).filter(F.col(ERROR).isNull()).drop(*POISON_COLUMNS)
     if source.watermark is not None:
         view = view.withWatermark(source.watermark.column, f"{int(source.watermark.delay * 1000)} milliseconds")
     view.createOrReplaceTempView(source.name)
@@ -69,7 +102,13 @@ def _plan(session, config, base_dir: Path, bootstrap: str, epoch_records: int | 
         result.createOrReplaceTempView(transform.name)
         previous = transform.name
     sink = config.sinks[0]
-    return encode_sink(session.table(config.sink_input(sink)), sink, base_dir).select("key", "value")
+    rows = sink_columns(session.table(config.sink_input(sink)), sink, base_dir)
+    key, value = F.col("key"), F.col("value")
+    if sink.key_format.type == "avro":
+        key = encode_with(encode_codec(sink.key_format, "key", base_dir, sink.kafka.topic), key)
+    if sink.value_format.type == "avro":
+        value = encode_with(encode_codec(sink.value_format, "value", base_dir, sink.kafka.topic), value)
+    return rows.select(key.alias("key"), value.alias("value"))
 
 
 def run_builtin(
@@ -95,7 +134,7 @@ def run_builtin(
         .option("kafka.bootstrap.servers", bootstrap)
         .option("topic", out_topic)
         .option("checkpointLocation", str(checkpoint))
-        # The same batching as eos's sink producers (connectors/kafka_sink.py).
+        # The same batching as eos's sink producers (eos_connectors.kafka.sink.PRODUCER_BATCHING).
         .option("kafka.linger.ms", "5")
         .option("kafka.batch.size", "1000000")
         .option("kafka.compression.type", "lz4")

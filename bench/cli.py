@@ -1,7 +1,7 @@
 """`python -m bench`: run the benchmark and write docs/BENCHMARKS.md and bench/results/latest.json.
 
-python -m bench                 everything (~1 hour); waits for a quiet machine first
-python -m bench --quick         every section, small sizes, one run each (~10 min); writes
+python -m bench                 everything (~2 hours); waits for a quiet machine first
+python -m bench --quick         every section, small sizes, one run each (~15 min on a quiet machine); writes
                                 bench/results/quick.{json,md}, never the docs
 python -m bench --sections failpoints,recovery --merge
                                 re-run some sections into the existing results
@@ -26,9 +26,14 @@ from bench.env import REPO, Progress, machine, preflight, wait_for_quiet
 
 SECTIONS = (
     "throughput",
+    "peers",
     "latency",
+    "epochcost",
+    "skew",
     "protocol",
     "scaling",
+    "cluster",
+    "postgres",
     "recovery",
     "memory",
     "failpoints",
@@ -59,7 +64,7 @@ def _say(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.report import render
+    from bench.report import readme_peers, render
     from eos.errors import EosError
 
     argv = sys.argv[1:] if argv is None else argv
@@ -84,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or (RESULTS / "QUICK.md" if args.quick else DOC)
     out.write_text(render(results))
+    peers_md = readme_peers(results)
+    if peers_md:
+        (RESULTS / "README_PEERS.md").write_text(peers_md)
+        _say(f"the README's peer table (for its author): {RESULTS / 'README_PEERS.md'}")
     if not args.quick and out == DOC:
         DOC_JSON.write_text(json.dumps(results, indent=1, default=str))
     _say(f"wrote {out} and {json_path}")

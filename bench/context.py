@@ -40,6 +40,15 @@ class Plan:
     failpoint_rounds: int
     failpoint_records: int
     profile_events: int
+    epoch_cost_events: int  # fixed cost per epoch: the input, read in tiny epochs
+    epoch_cost_records: int  # records per tiny epoch (over every partition)
+    skew_hot: int  # the hot partition's rate over each other partition's
+    skew_trigger: str
+    skew_latency_runs: int
+    cluster_events: int
+    cluster_rounds: int
+    cluster_timeout_s: float
+    cluster_cores: tuple[int, ...] = (1, 2, 4)  # executor cores in total, each against local[2]
 
     def estimates(self) -> dict[str, float]:
         """Seconds each section is expected to take (for the ETA), from runs on the 2-core machine."""
@@ -69,6 +78,13 @@ class Plan:
             "failpoints": 20 + self.failpoint_rounds * 3 * self.failpoint_records / 200_000,
             "producer": 15 if self.quick else 45,
             "profile": 40 + 4 * (10 + self.profile_events * 1.08 / 12_000),
+            "peers": 60 + self.rounds * 2 * (3 * 15 + 3 * records / 10_000),
+            "epochcost": self.rounds * 2 * (10 + self.epoch_cost_events * 1.08 / self.epoch_cost_records * 0.3),
+            "skew": self.rounds * 2 * (10 + records / 13_000)
+            + self.skew_latency_runs * 2 * (self.latency_warmup_s + self.latency_measure_s + 12),
+            "cluster": 40
+            + self.cluster_rounds * (1 + len(self.cluster_cores)) * (45 + self.cluster_events * 1.08 / 8_000),
+            "postgres": 20 + self.rounds * 2 * (10 + records / 15_000),
         }
 
 
@@ -98,6 +114,14 @@ FULL = Plan(
     failpoint_rounds=15,
     failpoint_records=100_000,
     profile_events=200_000,
+    epoch_cost_events=2_000,
+    epoch_cost_records=40,
+    skew_hot=10,
+    skew_trigger="1s",
+    skew_latency_runs=2,
+    cluster_events=200_000,
+    cluster_rounds=3,
+    cluster_timeout_s=900,
 )
 
 QUICK = Plan(
@@ -121,11 +145,20 @@ QUICK = Plan(
     recovery_runs=1,
     recovery_events=10_000,
     recovery_epoch_records=5_000,
-    memory_duration_s=45,
+    memory_duration_s=30,
     memory_rate=500,
     failpoint_rounds=3,
     failpoint_records=5_000,
     profile_events=20_000,
+    epoch_cost_events=400,
+    epoch_cost_records=40,
+    skew_hot=10,
+    skew_trigger="1s",
+    skew_latency_runs=1,
+    cluster_events=20_000,
+    cluster_rounds=1,
+    cluster_timeout_s=600,
+    cluster_cores=(2,),
 )
 
 
@@ -139,20 +172,39 @@ class Bench:
     results: Path  # bench/results
     progress: Progress
     connector: Any = None
-    inputs: dict[tuple[int, int], Input] = field(default_factory=dict)
+    inputs: dict[tuple[int, int, int], Input] = field(default_factory=dict)
     profile: bool = True
+    warmed_at: float | None = None
 
     def say(self, message: str) -> None:
         self.progress.say(message)
 
-    def input(self, events: int, partitions: int) -> Input:
-        """The input topic of `events` events over `partitions` partitions (written once)."""
-        key = (events, partitions)
+    def input(self, events: int, partitions: int, hot: int = 1) -> Input:
+        """The input topic of `events` events over `partitions` partitions (written once); `hot` > 1:
+        partition 0 holds `hot` times the records of each other partition."""
+        key = (events, partitions, hot)
         if key not in self.inputs:
-            topic = f"bench-input-{events}-p{partitions}"
+            topic = f"bench-input-{events}-p{partitions}" + (f"-hot{hot}" if hot > 1 else "")
             self.say(f"writing input {topic} ({events:,} events) ...")
-            self.inputs[key] = make_input(self.bootstrap, topic, partitions, events)
+            self.inputs[key] = make_input(self.bootstrap, topic, partitions, events, hot=hot)
         return self.inputs[key]
+
+    def warm_up(self, force: bool = False, pipelines: tuple[str, ...] = ("stateless",)) -> None:
+        """A discarded run of eos exactly-once and Spark's built-in connector on a small input, once
+        per session (Python workers start, the JVM compiles, the first query plans), or again with
+        `force` when the last one is over 50 s old (Spark ends Python workers idle for a minute)."""
+        import time
+
+        from bench.runs import BUILTIN, EO, measure
+
+        if self.warmed_at is not None and (not force or time.monotonic() - self.warmed_at < 50):
+            return
+        warm = self.input(self.plan.warmup_events, self.plan.partitions)
+        for pipeline in pipelines:
+            for config in (EO, BUILTIN):
+                self.say(f"warm-up: {pipeline} {config} on {warm.records:,} records (discarded)")
+                measure(self, pipeline, config, warm, self.plan.epoch_records)
+        self.warmed_at = time.monotonic()
 
     def checkpoint(self, name: str) -> Path:
         return self.work / "checkpoints" / name

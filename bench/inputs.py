@@ -40,7 +40,7 @@ class Input:
     windows_expected: int  # campaign-minute windows of the ground truth (stateful pipeline)
 
 
-def write_records(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+def write_records(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], partition_of: Any = None) -> None:
     out = producer(
         {
             "bootstrap.servers": bootstrap,
@@ -54,7 +54,10 @@ def write_records(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]
     for key, value in records:
         while True:
             try:
-                out.produce(topic, value, key)
+                if partition_of is None:
+                    out.produce(topic, value, key)
+                else:
+                    out.produce(topic, value, key, partition=partition_of(key))
                 break
             except BufferError:
                 out.poll(0.05)
@@ -72,16 +75,52 @@ def encode_event(event: dict[str, Any], schema: Any) -> bytes:
     return out.getvalue()
 
 
-def make_input(bootstrap: str, topic: str, partitions: int, events: int, seed: int = 7) -> Input:
-    """Create `topic` and fill it with `events` ad events (plus duplicates and a heartbeat)."""
+def hot_partitioner(partitions: int, hot: int):
+    """key -> partition: partition 0 takes `hot` shares, every other partition one (a stable hash
+    of the key, so a duplicate lands where its original did)."""
+    import zlib
+
+    buckets = hot + partitions - 1
+
+    def partition_of(key: bytes) -> int:
+        bucket = zlib.crc32(key) % buckets
+        return 0 if bucket < hot else bucket - hot + 1
+
+    return partition_of
+
+
+def make_input(bootstrap: str, topic: str, partitions: int, events: int, seed: int = 7, hot: int = 1) -> Input:
+    """Create `topic` and fill it with `events` ad events (plus duplicates and a heartbeat).
+    `hot` > 1: partition 0 gets `hot` times the records of each other partition."""
     if not create_topic(admin_client({"bootstrap.servers": bootstrap}), topic, partitions):
         raise EnvironmentProblem(f"input topic {topic} exists already; the benchmark writes its input once, fresh")
     generated, truth = generate_events(events, seed)
     schema = avro_schema(EVENT_SCHEMA)
     records = [(e["event_id"].encode(), encode_event(e, schema)) for e in generated]
-    write_records(bootstrap, topic, records)
+    write_records(bootstrap, topic, records, hot_partitioner(partitions, hot) if hot > 1 else None)
     mean = sum(len(v) for _, v in records) / len(records)
     return Input(topic, partitions, len(records), events, round(mean, 1), len(truth.expected_counts()))
+
+
+def ready_topic(bootstrap: str, name: str, partitions: int, timeout_s: float = 60.0) -> None:
+    """Create a topic and wait until every partition answers a ListOffsets: a pipeline started on a
+    topic created a moment ago can fail to pin its start offsets with NOT_LEADER_FOR_PARTITION
+    (eos does not retry that at start-up; see the notes)."""
+    from confluent_kafka import KafkaException
+
+    from eos_connectors.kafka.clients import start_offsets
+
+    admin = admin_client({"bootstrap.servers": bootstrap})
+    create_topic(admin, name, partitions)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            start_offsets(admin, {name: list(range(partitions))})
+            return
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def live_event(n: int, seed: int, now_ms: int, rng) -> dict[str, Any]:
@@ -95,12 +134,26 @@ def live_event(n: int, seed: int, now_ms: int, rng) -> dict[str, Any]:
     }
 
 
-def count_records(bootstrap: str, topic: str, read_committed: bool = True) -> int:
-    """How many records a read_committed (or read_uncommitted) reader sees in `topic`."""
+def count_records(bootstrap: str, topic: str, read_committed: bool = True, settle_s: float = 30.0) -> int:
+    """How many records a read_committed (or read_uncommitted) reader sees in `topic`.
+
+    read_committed: first waits (up to `settle_s`) until nothing is open on the topic (the last
+    stable offset reached the high watermark). `commit_transaction` returns before the broker has
+    written the commit markers to every partition, so counting right after a run's last commit
+    could see part of it, or none."""
     client = {"bootstrap.servers": bootstrap}
     admin = admin_client(client)
     partitions = describe_partitions(admin, [topic])
-    ends = end_offsets(admin, partitions, read_committed=read_committed)
+    if read_committed:
+        high = end_offsets(admin, partitions, read_committed=False)
+        deadline = time.monotonic() + settle_s
+        while True:
+            ends = end_offsets(admin, partitions, read_committed=True)
+            if all(ends[tp] >= high[tp] for tp in high) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    else:
+        ends = end_offsets(admin, partitions, read_committed=False)
     reader = consumer(client, **{"isolation.level": "read_committed" if read_committed else "read_uncommitted"})
     seen = 0
     try:

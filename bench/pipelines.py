@@ -24,7 +24,7 @@ import yaml
 from bench.procs import CpuMeter
 from eos.config import pipeline_from_yaml
 from eos.paths import examples_dir
-from eos.protocol.committer import EpochListener, EpochReport, RecoveryReport
+from eos.protocol.report import EpochListener, EpochReport, RecoveryReport
 from eos.yamlsource import parse_yaml
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -130,6 +130,7 @@ class Collector(EpochListener):
         self.recoveries: list[RecoveryReport] = []
         self.aborted: list[tuple[int, int, str]] = []
         self.recovered_at: float | None = None
+        self.phases: dict[int, dict[str, float]] = {}
 
     def on_recovery(self, report: RecoveryReport) -> None:
         self.recoveries.append(report)
@@ -148,18 +149,25 @@ class Collector(EpochListener):
     def on_spark_progress(self, progress: dict[str, Any]) -> None:
         self.progress[int(progress.get("batchId", -1))] = progress
 
+    def on_phase(self, epoch: int, attempt: int, phase: str) -> None:
+        self.phases.setdefault(epoch, {})[phase] = time.monotonic()
+
     def epochs(self) -> list[dict[str, Any]]:
-        """One row per committed epoch: Spark's durations and the protocol's phases, in seconds."""
+        """One row per committed epoch: Spark's durations and the protocol's phases, in seconds.
+
+        The protocol's phases (eos.protocol.report): `job_s` is the Spark job (read, decode,
+        transform, encode, produce and pre-commit of every slot, in one stage), `decide_s` the
+        durable commit decision, `commit_s` until every slot's commit is reported. Per slot:
+        `write_s` (reading its input and producing) and `precommit_s` (ledger record + flush)."""
         rows = []
         for epoch, report in sorted(self.reports.items()):
             durations = self.progress.get(epoch, {}).get("durationMs", {})
-            slots = report.slot_reports
-
-            # The phases of the slot that finished last: the one the epoch waited for.
-            def total(r: dict[str, Any]) -> float:
-                return sum(r.get(k, 0.0) for k in ("produce_s", "flush_s", "vote_s", "commit_s"))
-
-            last = max(slots, key=total) if slots else {}
+            slots = report.slots
+            works = [w for s in slots for w in s.sinks.values()]
+            # The slot that finished last decides when the job ends.
+            last = max(slots, key=lambda s: s.write_s + s.precommit_s) if slots else None
+            protocol_s = report.job_s + report.decide_s + report.commit_s
+            add_batch_s = durations.get("addBatch", 0) / 1000
             rows.append(
                 {
                     "epoch": epoch,
@@ -167,21 +175,25 @@ class Collector(EpochListener):
                     "input_rows": self.progress.get(epoch, {}).get("numInputRows"),
                     "trigger_s": durations.get("triggerExecution", 0) / 1000,
                     "plan_s": sum(durations.get(k, 0) for k in PLAN_KEYS) / 1000,
-                    "add_batch_s": durations.get("addBatch", 0) / 1000,
+                    "add_batch_s": add_batch_s,
                     "mark_s": durations.get("commitOffsets", 0) / 1000,
                     "job_s": report.job_s,
-                    "read_process_s": max(0.0, report.job_s - total(last)) if last else report.read_process_s,
-                    "precommit_s": last.get("produce_s", 0.0) + last.get("flush_s", 0.0),
-                    "init_s": last.get("init_s", 0.0),
-                    "init_max_s": max((r.get("init_s", 0.0) for r in slots), default=0.0),
-                    "flush_s": last.get("flush_s", 0.0),
-                    "vote_s": last.get("vote_s", 0.0),
-                    "commit_s": last.get("commit_s", 0.0),
-                    "agreement_s": report.agreement_s,
-                    "vote_wait_s": report.vote_wait_s,
-                    "producers_reused": sum(bool(r.get("reused")) for r in slots),
-                    "producers_created": sum(r.get("reused") is False for r in slots),
+                    "decide_s": report.decide_s,
+                    "commit_s": report.commit_s,
+                    # foreachBatch around the protocol: planning the attempt, listeners, reports
+                    "driver_s": max(0.0, add_batch_s - protocol_s),
+                    "slots": len(slots),
+                    "write_s": last.write_s if last else 0.0,
+                    "precommit_s": last.precommit_s if last else 0.0,
+                    "write_min_s": min((s.write_s for s in slots), default=0.0),
+                    "init_s": max((w.init_s for w in works), default=0.0),
+                    "init_sum_s": sum(w.init_s for w in works),
+                    "producers_reused": sum(bool(w.reused) for w in works if w.prepared is not None),
+                    "producers_created": sum(not w.reused for w in works if w.prepared is not None),
+                    "by_owner": sum(bool(w.by_owner) for w in works),
+                    "txn_commits": report.txn_commits,
                     "attempts": report.attempts,
+                    "slot_records": [sum(w.records for w in s.sinks.values()) for s in slots],
                 }
             )
         return rows

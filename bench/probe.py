@@ -23,6 +23,8 @@ from bench.inputs import encode_event, live_event
 from bench.rawloop import VIEW_SCHEMA_FILE, _parse
 from bench.stats import percentile
 
+partition_of: dict[str, int] = {}  # event id -> input partition (with --partitions)
+
 
 def produce(args: argparse.Namespace, expected: dict[str, int], stop: threading.Event, stats: dict[str, Any]) -> None:
     from eos_connectors.kafka.clients import producer
@@ -36,6 +38,9 @@ def produce(args: argparse.Namespace, expected: dict[str, int], stop: threading.
     measure_to = measure_from + args.measure
     n = 0
     tick = 0.01  # write in 10 ms slices: steady, not bursty
+    # --partitions: records go round a cycle of partitions, partition 0 `--hot` times per cycle
+    # (one hot partition at `hot` times the rate of each other one); else by key hash.
+    cycle = [0] * args.hot + list(range(1, args.partitions)) if args.partitions else None
     while not stop.is_set():
         now = time.monotonic()
         if now >= measure_to:
@@ -44,12 +49,15 @@ def produce(args: argparse.Namespace, expected: dict[str, int], stop: threading.
         while n < due:
             now_ms = int(time.time() * 1000)
             event = live_event(n, 11, now_ms, rng)
+            where = {"partition": cycle[n % len(cycle)]} if cycle else {}
             n += 1
             if now >= measure_from and event["campaign_id"] != "campaign-00":  # the pipeline's filter
                 expected[event["event_id"]] = now_ms
+                if cycle:
+                    partition_of[event["event_id"]] = where["partition"]
             while True:
                 try:
-                    out.produce(args.input, encode_event(event, schema), event["event_id"].encode())
+                    out.produce(args.input, encode_event(event, schema), event["event_id"].encode(), **where)
                     break
                 except BufferError:
                     out.poll(0.01)
@@ -100,6 +108,8 @@ def main() -> None:
     parser.add_argument("--measure", type=float, default=30)
     parser.add_argument("--drain", type=float, default=30)
     parser.add_argument("--no-probe", action="store_true")
+    parser.add_argument("--partitions", type=int, default=0, help="place records on the input's partitions")
+    parser.add_argument("--hot", type=int, default=1, help="partition 0's rate over each other partition's")
     parser.add_argument("--result", type=Path, required=True)
     args = parser.parse_args()
 
@@ -131,6 +141,12 @@ def main() -> None:
         "max_s": latencies[-1] if latencies else None,
         "mean_s": sum(latencies) / len(latencies) if latencies else None,
     }
+    if args.partitions:
+        for label, chosen in (("hot", lambda p: p == 0), ("cold", lambda p: p != 0)):
+            part = sorted(seen[e] / 1000 for e in expected if e in seen and chosen(partition_of[e]))
+            result[f"{label}_visible"] = len(part)
+            for q in (50, 99):
+                result[f"{label}_p{q}_s"] = percentile(part, q)
     args.result.write_text(json.dumps(result))
 
 

@@ -74,8 +74,10 @@ def classify(driver: int, broker: int | None, procs: dict[int, ProcInfo]) -> dic
         cmd = procs[pid].cmdline
         if "pyspark.daemon" in cmd or "pyspark.worker" in cmd or "pyspark/daemon" in cmd:
             classes[pid] = "python_workers"
-        elif "java" in cmd.split(" ")[0] and "SparkSubmit" in cmd:
-            classes[pid] = "spark_jvm"
+        elif "java" in cmd.split(" ")[0] and ("SparkSubmit" in cmd or "CoarseGrainedExecutorBackend" in cmd):
+            classes[pid] = "spark_jvm"  # local mode: driver and executor; a cluster: its driver and executors
+        elif "cluster_app.py" in cmd:
+            classes[pid] = "driver"  # the cluster section's submitted eos driver (Python)
         elif "python" in cmd.split(" ")[0] and "SparkSubmit" in getattr(procs.get(procs[pid].ppid), "cmdline", ""):
             classes[pid] = "python_workers"  # a Python process the JVM started directly (planner workers)
         else:
@@ -166,3 +168,54 @@ def worker_roots(driver: int) -> list[int]:
         return pid in procs and "pyspark.daemon" in procs[pid].cmdline
 
     return sorted(pid for pid in descendants(driver, procs) if is_daemon(pid) and not is_daemon(procs[pid].ppid))
+
+
+class SampledCpuMeter:
+    """CpuMeter for runs whose processes exit before the end (spark-submit's driver, executors):
+    samples the process tree every `every_s` and keeps each process's last CPU ticks under the class
+    it had while alive. (A process's CPU is otherwise only seen as its parent's reaped-children
+    ticks: a cluster's executors would count as their Worker daemon's, the driver as this one's.)
+    CPU of the last `every_s` of an exited process is missed."""
+
+    def __init__(self, driver: int, broker: int | None, every_s: float = 0.5):
+        import threading
+
+        self.driver, self.broker, self.every_s = driver, broker, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-cpu-sampler", daemon=True)
+        self._seen: dict[int, tuple[str, str, int]] = {}  # pid -> (class, cmdline, last ticks)
+
+    def _sample(self) -> None:
+        procs = snapshot()
+        for pid, cls in classify(self.driver, self.broker, procs).items():
+            info = procs[pid]
+            self._seen[pid] = (cls, info.cmdline, info.cpu_ticks)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sample()
+
+    def start(self) -> None:
+        self._before = snapshot()
+        self._machine_before = machine_busy_ticks()
+        self._t0 = time.monotonic()
+        self._sample()
+        self._thread.start()
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join(5)
+        self._sample()
+        busy_after, _ = machine_busy_ticks()
+        used: dict[str, float] = dict.fromkeys(CLASSES, 0.0)
+        for pid, (cls, cmdline, ticks) in self._seen.items():
+            before = self._before.get(pid)
+            same = before is not None and before.cmdline == cmdline
+            used[cls] += max(0, ticks - (before.cpu_ticks if same else 0)) / CLK_TCK
+        ours = sum(used.values())
+        machine = (busy_after - self._machine_before[0]) / CLK_TCK
+        result = {k: round(v, 2) for k, v in used.items()}
+        result["other"] = round(max(0.0, machine - ours), 2)
+        result["wall_s"] = round(time.monotonic() - self._t0, 2)
+        result["cores"] = os.cpu_count() or 1
+        return result

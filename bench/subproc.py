@@ -106,3 +106,23 @@ def wait_group_gone(pgid: int, timeout: float = 15.0) -> float:
             break
         time.sleep(0.05)
     return time.monotonic()
+
+
+def committed_epochs(checkpoint: Path) -> int:
+    """Epochs Spark marked committed in a checkpoint (files of its commit log)."""
+    folder = checkpoint / "commits"
+    return sum(1 for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else 0
+
+
+def wait_committed(proc: EosProcess, checkpoint: Path, more_than: int, timeout: float) -> float | None:
+    """time.monotonic() when the checkpoint's commit log first holds more than `more_than` epochs
+    (polled every 20 ms; the commit log, not the progress lines, so it holds whatever eos prints),
+    or None if the process ended or the time ran out first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if committed_epochs(checkpoint) > more_than:
+            return time.monotonic()
+        if proc.proc.poll() is not None:
+            return time.monotonic() if committed_epochs(checkpoint) > more_than else None
+        time.sleep(0.02)
+    return None

@@ -1,9 +1,10 @@
 """Failpoints, disarmed, cost nothing measurable (issue 4).
 
-The sink slot path, eos_connectors.kafka.sink.write_slot, produces N records through a real
-transactional producer (begin, produce, ledger record, flush, a real vote on a real
-coordinator, commit), once with eos's disarmed `Failpoints.hit` and once with `hit` replaced by
-a function that does nothing (the failpoints "compiled out"). Rounds alternate the order; a
+The slot path, eos.protocol.slot.write_slot with the Kafka sink's writer, writes N records through
+a real transactional producer (lease on a real coordinator, begin, produce, ledger record, flush,
+the `prepared` vote, the commit thread's commit once the decision is released), once with eos's
+disarmed `Failpoints.hit` and once with `hit` replaced by a function that does nothing (the
+failpoints "compiled out"). Rounds alternate the order; a
 third run per round repeats the disarmed variant, so the A/A ratio shows how large the noise is.
 Plus the cost of one disarmed hit() in nanoseconds, and how many a slot makes per epoch.
 """
@@ -28,12 +29,15 @@ def _noop(self: Any, name: str, epoch: int | None = None, slot: int | None = Non
 
 
 def _batches(bench: Bench, records: int) -> list[Any]:
+    """The rows one slot gets in a pipeline: the sink's tag, and its struct of key, value (Avro
+    bytes, already encoded: the writer has no codec here), headers."""
     import pyarrow as pa
 
     from bench.inputs import encode_event, live_event
-    from eos_connectors.kafka.source import HEADERS_TYPE
+    from eos.protocol.plan import SINK_TAG, sink_column
     from eos_ops.demo import EVENT_SCHEMA, avro_schema
 
+    headers_type = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
     schema, rng = avro_schema(EVENT_SCHEMA), random.Random(3)
     events = [live_event(i, 3, 1_767_225_600_000 + i, rng) for i in range(records)]
     keys = [e["event_id"].encode() for e in events]
@@ -41,15 +45,14 @@ def _batches(bench: Bench, records: int) -> list[Any]:
     batches = []
     for start in range(0, records, 10_000):  # Spark hands a slot Arrow batches of up to 10,000 rows
         end = min(records, start + 10_000)
+        rows = pa.StructArray.from_arrays(
+            [pa.array(keys[start:end], pa.binary()), pa.array(values[start:end], pa.binary()),
+             pa.array([[]] * (end - start), headers_type)],
+            names=["key", "value", "headers"],
+        )  # fmt: skip
         batches.append(
             pa.RecordBatch.from_arrays(
-                [
-                    pa.array(["out"] * (end - start)),
-                    pa.array(keys[start:end], pa.binary()),
-                    pa.array(values[start:end], pa.binary()),
-                    pa.array([[]] * (end - start), HEADERS_TYPE()),
-                ],
-                names=["sink", "key", "value", "headers"],
+                [pa.array([0] * (end - start), pa.int32()), rows], names=[SINK_TAG, sink_column(0)]
             )
         )
     return batches
@@ -58,43 +61,47 @@ def _batches(bench: Bench, records: int) -> list[Any]:
 def run(bench: Bench) -> dict[str, Any]:
     from eos.failpoints import DISARMED, Failpoints
     from eos.protocol.coordinator import Coordinator
+    from eos.protocol.plan import EpochPlan, SinkPlan
+    from eos.protocol.sink import PipelineInfo
+    from eos.protocol.slot import write_slot
     from eos_connectors.kafka.clients import admin_client, create_topic
     from eos_connectors.kafka.ledger import ensure_ledger_topic
-    from eos_connectors.kafka.sink import EpochPlan, SinkTarget, write_slot
+    from eos_connectors.kafka.sink import KafkaWriterFactory
 
     plan = bench.plan
     client = {"bootstrap.servers": bench.bootstrap}
     topic, ledger = f"bench-fp-{time.monotonic_ns()}", f"bench-fp-ledger-{time.monotonic_ns()}"
     create_topic(admin_client(client), topic, 4)
     ensure_ledger_topic(client, ledger)
-    target = SinkTarget("out", topic, client, f"{topic}-out")
+    factory = KafkaWriterFactory(
+        sink="out", topic=topic, client=client, prefix=f"{topic}-tx", ledger_topic=ledger, exactly_once=True,
+        timeout_s=60.0, codecs={},
+    )  # fmt: skip
+    info = PipelineInfo("bench-fp", "bench", exactly_once=True, epoch_timeout_s=60.0, ledger=ledger)
     batches = _batches(bench, plan.failpoint_records)
     coordinator = Coordinator(bind_host="127.0.0.1", advertise_host="127.0.0.1")
-    owners: dict[str, str] = {}
+    coordinator.set_pools({"out": 1})
     epoch = 0
 
     def slot_epoch() -> float:
+        """One slot's epoch, as the driver and the task see it: pre-commit, vote, decision, commit."""
         nonlocal epoch
         epoch += 1
         epoch_plan = EpochPlan(
-            pipeline="bench-fp",
-            checkpoint_id="bench",
-            epoch=epoch,
-            attempt=1,
-            slots=1,
-            exactly_once=True,
-            targets={"out": target},
-            ledger_topic=ledger,
-            owners=dict(owners),
-            coordinator=coordinator.address,
+            pipeline=info, epoch=epoch, attempt=1, run="bench", offsets="-", config="-",
+            sinks=(SinkPlan("out", 0, factory, True),), skip=frozenset(), coordinator=coordinator.address,
             timeout_s=60.0,
-        )
-        coordinator.open_attempt(epoch, 1, range(1), 60.0)
+        )  # fmt: skip
+        coordinator.open_attempt(epoch, 1, 60.0)
         started = time.perf_counter()
-        report = write_slot(epoch_plan, 0, iter(batches))
+        report = write_slot(epoch_plan, 0, 0, iter(batches))
+        keys = [(p.sink, p.handle) for p in report.prepared()]
+        coordinator.release(epoch, 1, keys)
+        problems = coordinator.wait_committed(epoch, 1, keys, 60.0)
         elapsed = time.perf_counter() - started
         coordinator.close_attempt(epoch, 1, "finished")
-        owners.update(report["tokens"])
+        if problems:
+            raise RuntimeError(f"the slot's commit failed: {problems}")
         return elapsed
 
     original = Failpoints.hit

@@ -17,33 +17,35 @@ from typing import Any
 from bench.builtin import run_builtin
 from bench.context import Bench
 from bench.env import REPO
-from bench.inputs import delete_topics
+from bench.inputs import delete_topics, ready_topic
 from bench.pipelines import run_eos, stateless_config, unique
-from bench.runs import ALO, BUILTIN, EO, measure
+from bench.runs import ALO, BUILTIN, EO
 from eos.config import parse_duration
-from eos_connectors.kafka.clients import admin_client, create_topic
 
 
-def one_run(bench: Bench, trigger: str, mode: str) -> dict[str, Any]:
+def one_run(bench: Bench, trigger: str, mode: str, rate: int | None = None, hot: int | None = None) -> dict[str, Any]:
+    """One latency run. `hot`: records placed on the input's partitions, partition 0 at `hot` times
+    the rate of each other one (`rate` is then the total); else placed by key hash."""
     plan = bench.plan
     slug = {EO: "eo", ALO: "alo", BUILTIN: "spark"}[mode]
     name = unique(f"bench-latency-{slug}")
     in_topic, out_topic = f"{name}-in", f"{name}-out"
-    admin = admin_client({"bootstrap.servers": bench.bootstrap})
-    create_topic(admin, in_topic, plan.partitions)
-    create_topic(admin, out_topic, 4)
+    ready_topic(bench.bootstrap, in_topic, plan.partitions)
+    ready_topic(bench.bootstrap, out_topic, 4)
     result_file = bench.work / f"{name}.json"
     drain = max(30.0, 4 * parse_duration(trigger))
     probe_args = {
         "--bootstrap": bench.bootstrap,
         "--input": in_topic,
         "--output": out_topic,
-        "--rate": plan.latency_rate,
+        "--rate": rate or plan.latency_rate,
         "--warmup": plan.latency_warmup_s,
         "--measure": plan.latency_measure_s,
         "--drain": drain,
         "--result": result_file,
     }
+    if hot is not None:
+        probe_args.update({"--partitions": plan.partitions, "--hot": hot})
     probe = subprocess.Popen(
         [sys.executable, "-m", "bench.probe", *(str(x) for pair in probe_args.items() for x in pair)], cwd=REPO
     )
@@ -84,15 +86,17 @@ def one_run(bench: Bench, trigger: str, mode: str) -> dict[str, Any]:
         probe.wait()
     probe_result = json.loads(result_file.read_text()) if result_file.exists() else {"error": "the probe wrote nothing"}
     delete_topics(bench.bootstrap, [in_topic, out_topic, f"eos-ledger-{name}"])
-    return {"trigger": trigger, "mode": mode, **probe_result, "epochs": run.epochs, "cpu": run.cpu}
+    row = {"trigger": trigger, "mode": mode, **probe_result, "epochs": run.epochs, "cpu": run.cpu}
+    visible = probe_result.get("produced")
+    if visible:
+        ours = sum(run.cpu.get(k, 0.0) for k in ("driver", "spark_jvm", "python_workers", "broker", "tools"))
+        row["cpu_us_per_record"] = ours * 1e6 / visible
+    return row
 
 
 def run(bench: Bench) -> dict[str, Any]:
     plan = bench.plan
-    bench.say("latency warm-up (Spark kills Python workers idle for a minute) ...")
-    warm = bench.input(plan.warmup_events, plan.partitions)
-    for config in (EO, BUILTIN):
-        measure(bench, "stateless", config, warm, plan.epoch_records)
+    bench.warm_up(force=True)
     rows: list[dict[str, Any]] = []
     for trigger in plan.latency_triggers:
         for run_no in range(plan.latency_runs):

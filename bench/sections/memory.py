@@ -23,7 +23,7 @@ from bench.env import REPO
 from bench.inputs import delete_topics
 from bench.pipelines import stateful_config, unique
 from bench.procs import memory_by_class
-from bench.subproc import EosProcess
+from bench.subproc import EosProcess, committed_epochs, wait_committed
 from eos_connectors.kafka.clients import admin_client, create_topic
 
 SAMPLE_EVERY_S = 2.0
@@ -74,7 +74,7 @@ def run(bench: Bench) -> dict[str, Any]:
     eos = EosProcess(pipeline_file, log=logs / f"{name}.log")
     samples: list[dict[str, Any]] = []
     try:
-        if eos.first(r"\] epoch \d+ committed", timeout=180) is None:
+        if wait_committed(eos, bench.checkpoint(name), 0, timeout=180) is None:
             raise RuntimeError(f"the memory run never committed an epoch:\n{eos.tail()}")
         started = time.monotonic()
         next_report = started + 60
@@ -90,7 +90,7 @@ def run(bench: Bench) -> dict[str, Any]:
                     + ", ".join(f"{k} {v['rss_sum_mib']:.0f} MiB" for k, v in latest.items() if isinstance(v, dict))
                 )
             time.sleep(SAMPLE_EVERY_S)
-        epochs = eos.count(r"\] epoch \d+ committed")
+        epochs = committed_epochs(bench.checkpoint(name))
         eos.terminate()
         if eos.wait(120) is None:
             eos.kill_group()

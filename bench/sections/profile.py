@@ -7,9 +7,10 @@ built-in connector) on a warm session:
 - Java Flight Recorder samples the Spark JVM's Java threads;
 - /proc gives the CPU seconds of each process class (Spark JVM, Python workers, driver, broker,
   the rest of the machine).
-And py-spy on this process during the raw confluent-kafka loop. A warm-up run comes first:
-Spark kills Python workers idle for a minute, and a new worker's start-up is not the
-steady state.
+And py-spy on this process during the raw confluent-kafka loop; one more eos exactly-once run in
+tiny epochs (the fixed-cost section's size: where the per-epoch cost goes); and bench/steps.py,
+the data path's Python work step by step in one process. A warm-up run comes first: Spark kills
+Python workers idle for a minute, and a new worker's start-up is not the steady state.
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ import os
 from typing import Any
 
 from bench.context import Bench
+from bench.inputs import delete_topics, ready_topic
 from bench.procs import descendants, snapshot, worker_roots
 from bench.profiling import JvmRecorder, Recorder, jvm_summary, summarize
 from bench.runs import ALO, BUILTIN, EO, RAW, brief, measure
+from bench.steps import step_costs
+
+TINY = "eos exactly-once, tiny epochs"
 
 
 def _spark_jvm() -> int | None:
@@ -31,13 +36,14 @@ def _spark_jvm() -> int | None:
 def run(bench: Bench) -> dict[str, Any]:
     plan = bench.plan
     source = bench.input(plan.profile_events, plan.partitions)
-    bench.say("profile warm-up (Python workers idle for a minute are gone) ...")
-    for config in (EO, BUILTIN):
-        measure(bench, "stateless", config, bench.input(plan.warmup_events, plan.partitions), plan.epoch_records)
+    bench.warm_up(force=True)
     out: dict[str, Any] = {"input_records": source.records, "epoch_records": plan.epoch_records, "runs": {}}
     jvm_pid = _spark_jvm()
-    for config in (EO, ALO, BUILTIN, RAW):
-        folder = bench.work / "profiles" / config.replace(" ", "-").replace(",", "")
+    tiny = bench.input(plan.epoch_cost_events, plan.partitions)
+    runs = [(c, c, source, plan.epoch_records) for c in (EO, ALO, BUILTIN, RAW)]
+    runs.append((TINY, EO, tiny, plan.epoch_cost_records))  # where the fixed cost per epoch goes
+    for label_, config, input_, epoch_records in runs:
+        folder = bench.work / "profiles" / label_.replace(" ", "-").replace(",", "")
         recorder = Recorder(folder)
         recorder.attach("driver", os.getpid())
         jvm = None
@@ -48,17 +54,19 @@ def run(bench: Bench) -> dict[str, Any]:
                 jvm = JvmRecorder(folder / "spark-jvm.jfr", jvm_pid)
                 if not jvm.start():
                     jvm = None
-        bench.say(f"profiling {config} (py-spy: {len(recorder.procs)} processes; JFR: {'on' if jvm else 'off'}) ...")
+        bench.say(f"profiling {label_} (py-spy: {len(recorder.procs)} processes; JFR: {'on' if jvm else 'off'}) ...")
         try:
-            row = measure(bench, "stateless", config, source, plan.epoch_records)
+            row = measure(bench, "stateless", config, input_, epoch_records)
         finally:
             files = recorder.stop()
             jfr = jvm.stop() if jvm is not None else None
-        bench.say(f"profiled {config}: {brief(row)}")
+        bench.say(f"profiled {label_}: {brief(row)}")
         profiles = {label: summarize(paths) for label, paths in files.items()}
         if jfr is not None:
             profiles["spark_jvm"] = jvm_summary(jfr)
-        out["runs"][config] = {
+        out["runs"][label_] = {
+            "records_in": row["records_in"],
+            "epoch_records": epoch_records,
             "rps_wall": row["rps_wall"],
             "wall_s": row["wall_s"],
             "cpu": row["cpu"],
@@ -66,4 +74,9 @@ def run(bench: Bench) -> dict[str, Any]:
             "epochs": row["epochs"],
             "profiles": profiles,
         }
+    bench.say("profile: the data path's Python steps, one process (bench/steps.py) ...")
+    steps_out = f"bench-steps-{os.getpid()}"
+    ready_topic(bench.bootstrap, steps_out, plan.partitions)
+    out["steps"] = step_costs(bench.bootstrap, source.topic, steps_out)
+    delete_topics(bench.bootstrap, [steps_out])
     return out

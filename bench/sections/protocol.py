@@ -1,19 +1,19 @@
-"""3. Protocol cost per epoch: each phase's share of the epoch, and the agreement in ms.
+"""3. Protocol cost per epoch: each phase's share of the epoch, and the decision + commit in ms.
 
 Derived from the epochs the other sections ran (no runs of its own): the exactly-once
 throughput epochs of the stateless pipeline (large epochs) and the exactly-once latency epochs at
 a 1 s trigger (small epochs), with the at-least-once epochs of the same runs beside them.
 Phases of an epoch (Spark's triggerExecution, the baseline every share is relative to):
-  plan            latestOffset + getBatch + queryPlanning + walCommit (the offset log: the barrier)
-  read+process    the sink job until the slowest slot starts producing (source read, decode,
-                  transforms, encode, the shuffle to the slots)
-  pre-commit      the slowest slot: produce + ledger record + flush (init_transactions included)
-  agreement       the slowest slot's vote: round trip + waiting for the other slots
-  commit          commit_transaction
-  driver          foreachBatch around the job (planning the attempt, folding reports, listeners)
-  mark            Spark's commit log (commitOffsets)
-  other           the rest of Spark's trigger (progress reporting, scheduling)
-The agreement step itself is the last voter's round trip (it waits for nobody).
+  plan        latestOffset + getBatch + queryPlanning + walCommit (the offset log: the barrier)
+  job         the Spark job (one stage: read + decode in the source's task, transforms, and the
+              sink writer's encode + produce in the same task) until the slowest slot starts its
+              pre-commit
+  pre-commit  the slowest slot's pre-commit: ledger record + flush
+  decide      recording the commit decision in the control log (exactly-once)
+  commit      releasing the slots' commits and waiting until every one is reported
+  driver      foreachBatch around the protocol (planning the attempt, folding reports, listeners)
+  mark        Spark's commit log (commitOffsets)
+  other       the rest of Spark's trigger (progress reporting, scheduling)
 """
 
 from __future__ import annotations
@@ -23,19 +23,20 @@ from typing import Any
 from bench.runs import ALO, EO
 from bench.stats import percentile, summarize
 
-PHASES = ("plan", "read_process", "precommit", "agreement", "commit", "driver", "mark", "other")
+PHASES = ("plan", "job", "precommit", "decide", "commit", "driver", "mark", "other")
 
 
 def phases(epoch: dict[str, Any]) -> dict[str, float]:
     trigger = epoch["trigger_s"]
     job = epoch.get("job_s", epoch["add_batch_s"])
+    precommit = min(epoch.get("precommit_s", 0.0), job)
     parts = {
         "plan": epoch["plan_s"],
-        "read_process": epoch.get("read_process_s", job),
-        "precommit": epoch.get("precommit_s", 0.0),
-        "agreement": epoch.get("vote_s", 0.0),
+        "job": job - precommit,
+        "precommit": precommit,
+        "decide": epoch.get("decide_s", 0.0),
         "commit": epoch.get("commit_s", 0.0),
-        "driver": max(0.0, epoch["add_batch_s"] - job),
+        "driver": epoch.get("driver_s", 0.0),
         "mark": epoch["mark_s"],
     }
     parts["other"] = max(0.0, trigger - epoch["plan_s"] - epoch["add_batch_s"] - epoch["mark_s"])
@@ -56,7 +57,7 @@ def breakdown(epochs: list[dict[str, Any]]) -> dict[str, Any]:
         "share_pct": {p: round(100 * sum(s[p] for s in split) / total, 1) for p in PHASES},
         "median_ms": {p: round(1000 * summarize([s[p] for s in split]).median, 1) for p in PHASES},
         "init_ms": round(1000 * summarize([e.get("init_s", 0.0) for e in real]).median, 1),
-        "init_max_ms": round(1000 * max(e.get("init_max_s", 0.0) for e in real), 1),
+        "init_max_ms": round(1000 * max(e.get("init_s", 0.0) for e in real), 1),
         "init_share_pct": round(100 * sum(e.get("init_s", 0.0) for e in real) / total, 1),
         "producers_created": sum(e.get("producers_created", 0) for e in real),
         "producers_reused": sum(e.get("producers_reused", 0) for e in real),
@@ -80,21 +81,21 @@ def run(results: dict[str, Any]) -> dict[str, Any]:
         ]
         if epochs:
             out["sets"][f"{row_mode}, 1 s trigger (latency runs)"] = breakdown(epochs)
-    agreements = [
-        e["agreement_s"] * 1000
+    rounds = [
+        (e.get("decide_s", 0.0) + e.get("commit_s", 0.0)) * 1000
         for section in (
             throughput.get(EO, []),
             [r for r in results.get("latency", {}).get("runs", []) if r["mode"] == EO],
         )
         for row in section
         for e in row["epochs"]
-        if e.get("agreement_s") is not None
+        if e.get("decide_s")
     ]
-    if agreements:
+    if rounds:
         out["agreement_ms"] = {
-            "epochs": len(agreements),
-            "p50": round(percentile(agreements, 50), 2),
-            "p99": round(percentile(agreements, 99), 2),
-            "max": round(max(agreements), 2),
+            "epochs": len(rounds),
+            "p50": round(percentile(rounds, 50), 2),
+            "p99": round(percentile(rounds, 99), 2),
+            "max": round(max(rounds), 2),
         }
     return out

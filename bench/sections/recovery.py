@@ -4,7 +4,8 @@
 stateless pipeline, with `--failpoint POINT=kill@epoch=2`: the failpoint kills the driver's
 process group (driver, Spark JVM, Python workers). The benchmark then restarts the same command
 and times, from the restart command: the recovery line (fencing done, ledger read) and the first
-"epoch N committed" line. Baseline: the same command's cold start to its first committed epoch,
+epoch Spark marks committed (a new file in the checkpoint's commit log, polled every 20 ms).
+Baseline: the same command's cold start to its first committed epoch,
 in the same run (a restart cannot be faster than a cold start: both start a JVM). Separately:
 from the kill to the process group being gone, and from there to the restart. After the
 restarted run drains the input, the committed output is checked: exactly the expected records.
@@ -20,9 +21,8 @@ import yaml
 from bench.context import Bench
 from bench.inputs import count_records, delete_topics, expected_stateless_out
 from bench.pipelines import stateless_config, unique
-from bench.subproc import EosProcess, wait_group_gone
+from bench.subproc import EosProcess, committed_epochs, wait_committed, wait_group_gone
 
-COMMITTED = r"\] epoch \d+ committed"
 KILL_EPOCH = 2
 
 
@@ -39,6 +39,7 @@ def one_run(bench: Bench, point: str, expected: int, topic: str) -> dict[str, An
         mode="exactly-once",
         epoch_records=plan.recovery_epoch_records,
     )
+    checkpoint = bench.checkpoint(name)
     pipeline_file = bench.work / f"{name}.yaml"
     pipeline_file.write_text(yaml.safe_dump(config, sort_keys=False))
     logs = bench.work / "logs"
@@ -46,7 +47,7 @@ def one_run(bench: Bench, point: str, expected: int, topic: str) -> dict[str, An
     row: dict[str, Any] = {"point": point, "kill_epoch": KILL_EPOCH}
     first = EosProcess(pipeline_file, "--failpoint", f"{point}=kill@epoch={KILL_EPOCH}", log=logs / f"{name}-1.log")
     try:
-        first_commit = first.first(COMMITTED, timeout=300)
+        first_commit = wait_committed(first, checkpoint, 0, timeout=300)
         killed = first.first(r"eos failpoint: kill -9", timeout=300)
         exited = first.wait(300)
     finally:
@@ -60,11 +61,12 @@ def one_run(bench: Bench, point: str, expected: int, topic: str) -> dict[str, An
         kill_to_exit_s=exited - killed,
         kill_to_group_gone_s=gone - killed,
     )
+    committed_before = committed_epochs(checkpoint)
     restart_at = time.monotonic()
     second = EosProcess(pipeline_file, log=logs / f"{name}-2.log")
     try:
         recovered = second.first(r"\] recovery \(", timeout=300)
-        committed = second.first(COMMITTED, timeout=300)
+        committed = wait_committed(second, checkpoint, committed_before, timeout=300)
         ended = second.wait(600)
     finally:
         second.kill_group()

@@ -12,7 +12,7 @@ from typing import Any
 
 from bench.context import Bench
 from bench.perftools import consumer_perf, producer_perf
-from bench.runs import BUILTIN, CONFIGS, EO, brief, measure
+from bench.runs import CONFIGS, brief, measure
 from bench.stats import summarize
 
 PIPELINES = ("stateless", "stateful")
@@ -21,11 +21,7 @@ PIPELINES = ("stateless", "stateful")
 def run(bench: Bench) -> dict[str, Any]:
     plan = bench.plan
     source = bench.input(plan.events, plan.partitions)
-    warm = bench.input(plan.warmup_events, plan.partitions)
-    for pipeline in PIPELINES:
-        for config in (EO, BUILTIN):
-            bench.say(f"warm-up: {pipeline} {config} on {warm.records:,} records (discarded)")
-            measure(bench, pipeline, config, warm, plan.epoch_records)
+    bench.warm_up(force=True, pipelines=PIPELINES)
     result: dict[str, Any] = {"input": source.__dict__, "epoch_records": plan.epoch_records, "pipelines": {}}
     for pipeline in PIPELINES:
         runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}

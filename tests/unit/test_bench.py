@@ -88,3 +88,57 @@ def test_failpoints_section_runs_and_renders(bootstrap: str, tmp_path: Path, mon
     assert f"{result['hit_ns']} ns" in text
     assert "## 7. Failpoints, disarmed" in text and "_Not run in this invocation" in text
     assert report.render(results) == text
+
+
+def test_skewed_input_puts_the_hot_partition_at_its_share(bootstrap: str, unique_name) -> None:
+    """The skew section's input: partition 0 holds `hot` times the records of each other one
+    (by a stable hash of the key, so duplicates stay with their original)."""
+    from eos_connectors.kafka.clients import describe_partitions, end_offsets
+
+    source = make_input(bootstrap, unique_name("bench-hot"), 4, 3_000, hot=10)
+    admin = admin_client({"bootstrap.servers": bootstrap})
+    ends = end_offsets(admin, describe_partitions(admin, [source.topic]), read_committed=True)
+    counts = [ends[(source.topic, p)] for p in range(4)]
+    assert sum(counts) == source.records
+    cold = counts[1:]
+    assert min(cold) > 0
+    # 10 shares of 13 on partition 0: within a few percent for ~3,200 records
+    assert 8.0 < counts[0] / (sum(cold) / 3) < 12.5
+
+
+def test_probe_writes_the_hot_partition_at_its_rate(bootstrap: str, unique_name, tmp_path: Path) -> None:
+    """The skew section's load: partition 0 at `--hot` times the rate of each other partition."""
+    import subprocess
+    import sys
+
+    from bench.env import REPO
+    from eos_connectors.kafka.clients import describe_partitions, end_offsets
+
+    topic = unique_name("bench-probe-hot")
+    admin = admin_client({"bootstrap.servers": bootstrap})
+    create_topic(admin, topic, 4)
+    result = tmp_path / "probe.json"
+    args = ["--bootstrap", bootstrap, "--input", topic, "--rate", "1300", "--warmup", "0", "--measure", "2",
+            "--no-probe", "--partitions", "4", "--hot", "10", "--result", str(result)]  # fmt: skip
+    subprocess.run([sys.executable, "-m", "bench.probe", *args], cwd=REPO, check=True, timeout=120)
+    produced = json.loads(result.read_text())["produced"]
+    ends = end_offsets(admin, describe_partitions(admin, [topic]), read_committed=True)
+    counts = [ends[(topic, p)] for p in range(4)]
+    assert sum(counts) == produced > 1_000
+    assert all(abs(c - counts[1]) <= 1 for c in counts[1:])  # round robin over the cold ones
+    assert 9.5 < counts[0] / counts[1] < 10.5
+
+
+def test_data_path_steps_are_measured(bootstrap: str, unique_name) -> None:
+    """bench/steps.py times the pipeline's own functions on real records: every step is timed,
+    over every record of the input."""
+    from bench.steps import step_costs
+
+    source = make_input(bootstrap, unique_name("bench-steps-in"), 2, 2_000)
+    out = unique_name("bench-steps-out")
+    create_topic(admin_client({"bootstrap.servers": bootstrap}), out, 2)
+    result = step_costs(bootstrap, source.topic, out, repeats=1)
+    assert result["records"] == source.records
+    costs = result["us_per_record"]
+    for step in ("consume", "decode", "encode", "produce", "raw: decode", "raw: transform + encode"):
+        assert 0 < costs[step] < 10_000, (step, costs)
