@@ -83,7 +83,7 @@ def test_a_producer_that_timed_out_mid_commit_is_discarded_and_its_id_reinitiali
             writer.commit()
     finally:
         os.kill(pid, signal.SIGCONT)
-    assert ("out", 0) not in kafka_sink._producers, "a producer with an unknown outcome stayed in use"
+    assert (factory.prefix, "out", 0) not in kafka_sink._producers, "a producer with an unknown outcome stayed in use"
 
     # The next lease of id 0 initialises a new producer: init_transactions bumps the epoch and
     # settles the old transaction (committed if its EndTxn landed, else aborted) before it returns.
@@ -113,3 +113,28 @@ def test_at_least_once_delivery_errors_fail_the_slot(bootstrap, admin, unique_na
     writer.write(_rows(["x" * 300]))
     with pytest.raises(SlotAborted, match="not delivered"):
         writer.precommit(_entry(1))
+
+
+def test_two_pipelines_with_a_sink_of_the_same_name_never_share_a_producer(bootstrap, admin, unique_name):
+    """Before, a Python worker's producers were keyed by (sink name, pool number): a second pipeline
+    in the same Spark application with a sink also called `out` leased the first one's idle
+    producer, and wrote under the first pipeline's transactional id."""
+    ledger = unique_name("ledger")
+    ensure_ledger_topic({"bootstrap.servers": bootstrap}, ledger)
+    writers = []
+    for name in ("a", "b"):
+        topic = unique_name(f"out-{name}")
+        create_topic(admin, topic, 1)
+        factory = KafkaWriterFactory(
+            sink="out", topic=topic, client={"bootstrap.servers": bootstrap},
+            prefix=f"eos/{unique_name(name)}", ledger_topic=ledger, exactly_once=True, timeout_s=20.0, codecs={},
+        )  # fmt: skip
+        writer = factory.open(Context(fresh=name == "a"))  # b's lease says: reuse your idle id 0
+        writer.write(_rows([name]))
+        writer.precommit(_entry(1))
+        writer.commit()
+        writers.append(writer)
+    a, b = writers
+    assert not b.reused and b.entry.instance is not a.entry.instance
+    assert b.entry.txid.startswith(b.factory.prefix) and a.entry.txid.startswith(a.factory.prefix)
+    assert [m.value() for m in read_all(bootstrap, b.factory.topic)] == [b"b"]

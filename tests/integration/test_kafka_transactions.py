@@ -48,3 +48,35 @@ def test_open_transaction_is_invisible_until_commit(bootstrap, new_topic, unique
 
     txn.commit_transaction(30)
     assert [m.value() for m in read_all(bootstrap, topic, "read_committed")] == [b"pending"]
+
+
+def test_a_range_that_ends_on_markers_or_aborted_records_reads_exactly_its_records(bootstrap, new_topic, unique_name):
+    """The source reads planned ranges [start, end) that may end on a transaction marker or inside
+    aborted records (offsets that are never delivered). Every such range must finish, and hold
+    exactly the committed records whose offsets lie in it."""
+    from confluent_kafka import TopicPartition
+
+    from eos_connectors.kafka.clients import consumer
+    from eos_connectors.kafka.range_reader import read_range
+
+    topic = new_topic(partitions=1)
+    txn = producer({"bootstrap.servers": bootstrap, "transactional.id": unique_name("txn")})
+    txn.init_transactions(30)
+    for values, commit in ((["c0", "c1", "c2"], True), (["a0", "a1"], False), (["c3"], True)):
+        txn.begin_transaction()
+        for value in values:
+            txn.produce(topic, value=value.encode())
+        txn.flush(30)
+        txn.commit_transaction(30) if commit else txn.abort_transaction(30)
+
+    committed = {m.offset(): m.value().decode() for m in read_all(bootstrap, topic, "read_committed")}
+    reader = consumer({"bootstrap.servers": bootstrap, "isolation.level": "read_committed"})
+    try:
+        end = reader.get_watermark_offsets(TopicPartition(topic, 0), 10)[1]
+        assert end == 9  # 3 records, a marker, 2 aborted, a marker, 1 record, a marker
+        ranges = [(0, e) for e in range(end + 1)] + [(s, end) for s in range(end + 1)]
+        for start, stop in ranges:
+            got = [m.value().decode() for batch in read_range(reader, topic, 0, start, stop) for m in batch]
+            assert got == [v for o, v in sorted(committed.items()) if start <= o < stop], (start, stop)
+    finally:
+        reader.close()

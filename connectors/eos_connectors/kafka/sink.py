@@ -257,8 +257,10 @@ class _Producer:
             self.errors.append(str(error))
 
 
-_producers: dict[tuple[str, int], _Producer] = {}  # (sink, pool number) -> producer
-_plain: dict[str, _Producer] = {}  # at-least-once: one idempotent producer per sink
+# Keyed by the transactional-id prefix (pipeline and checkpoint) as well as the sink: two pipelines
+# in one Spark application may both have a sink named `out`, and must never share producers.
+_producers: dict[tuple[str, str, int], _Producer] = {}  # (prefix, sink, pool number) -> producer
+_plain: dict[tuple[str, str], _Producer] = {}  # at-least-once: (prefix, sink) -> idempotent producer
 _lock = threading.Lock()
 
 
@@ -326,23 +328,25 @@ class KafkaWriter(SlotWriter):
 
     # -- producers ---------------------------------------------------------------------------
     def _lease(self) -> _Producer:
-        sink = self.factory.sink
+        sink, prefix = self.factory.sink, self.factory.prefix
         with _lock:
-            idle = sorted(n for (s, n), p in _producers.items() if s == sink and not p.busy and not p.broken)
+            idle = sorted(
+                n for (f, s, n), p in _producers.items() if (f, s) == (prefix, sink) and not p.busy and not p.broken
+            )
         lease = self.ctx.lease(idle)
         with _lock:
             for n in lease.stale:  # fenced by another worker since: close
-                stale = _producers.pop((sink, n), None)
+                stale = _producers.pop((prefix, sink, n), None)
                 if stale is not None:
                     _close(stale)
-            entry = _producers.get((sink, lease.number))
+            entry = _producers.get((prefix, sink, lease.number))
             if entry is not None and not lease.fresh and not entry.broken:
                 entry.busy = True
                 self.reused = True
                 self.number = lease.number
                 return entry
             if entry is not None:
-                _producers.pop((sink, lease.number))
+                _producers.pop((prefix, sink, lease.number))
                 _close(entry)
         txid = ids.pool_id(self.factory.prefix, sink, lease.number)
         entry = _Producer(txid, None, busy=True)
@@ -360,17 +364,18 @@ class KafkaWriter(SlotWriter):
             _close(entry)
             raise SlotAborted(f"sink {sink}: init_transactions({txid}) failed: {kafka_error(exc) or exc}") from None
         with _lock:
-            _producers[(sink, lease.number)] = entry
+            _producers[(prefix, sink, lease.number)] = entry
         self.number = lease.number
         return entry
 
     def _plain(self) -> _Producer:
         with _lock:
-            entry = _plain.get(self.factory.sink)
+            key = (self.factory.prefix, self.factory.sink)
+            entry = _plain.get(key)
             if entry is None or entry.broken:
                 entry = _Producer("", None)
                 entry.instance = producer(self.factory.config(None, entry.on_delivery))
-                _plain[self.factory.sink] = entry
+                _plain[key] = entry
             return entry
 
     def _use(self, call: Any, what: str = "") -> Any:
@@ -455,11 +460,12 @@ class KafkaWriter(SlotWriter):
         with _lock:
             self.entry.busy = False
             if self.entry.broken and self.number is not None:
-                if _producers.get((self.factory.sink, self.number)) is self.entry:
-                    _producers.pop((self.factory.sink, self.number))
+                key = (self.factory.prefix, self.factory.sink, self.number)
+                if _producers.get(key) is self.entry:
+                    _producers.pop(key)
                 _close(self.entry)
             elif self.entry.broken:
-                _plain.pop(self.factory.sink, None)
+                _plain.pop((self.factory.prefix, self.factory.sink), None)
 
     def records(self) -> int:
         return self.records_written
