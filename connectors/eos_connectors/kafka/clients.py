@@ -278,8 +278,7 @@ def end_offsets(
     if not request:
         return {}
     level = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
-    futures = admin.list_offsets(request, isolation_level=level, request_timeout=timeout)
-    return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
+    return _list_offsets(admin, request, timeout, isolation_level=level)
 
 
 def start_offsets(admin, partitions: Mapping[str, Iterable[int]], timeout: float = 15.0) -> dict[tuple[str, int], int]:
@@ -290,5 +289,31 @@ def start_offsets(admin, partitions: Mapping[str, Iterable[int]], timeout: float
     request = {TopicPartition(t, p): OffsetSpec.earliest() for t, ps in partitions.items() for p in ps}
     if not request:
         return {}
-    futures = admin.list_offsets(request, request_timeout=timeout)
-    return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
+    return _list_offsets(admin, request, timeout)
+
+
+def _list_offsets(admin, request: dict, timeout: float, **options: Any) -> dict[tuple[str, int], int]:
+    """list_offsets, retried while a partition's leader is not known yet: a topic created a moment
+    before (or a leader that just moved) answers NOT_LEADER_FOR_PARTITION or LEADER_NOT_AVAILABLE
+    for a few hundred ms. The callers checked that the topics exist before."""
+    from confluent_kafka import KafkaError
+    from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
+
+    passing = (
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+    )
+
+    def passes(exc: BaseException) -> bool:
+        error = kafka_error(exc)
+        return is_retriable(exc) or bool(error and error.code() in passing)
+
+    def once() -> dict[tuple[str, int], int]:
+        futures = admin.list_offsets(request, request_timeout=timeout, **options)
+        return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
+
+    wait = wait_exponential(multiplier=0.05, max=1)
+    return retry(retry=retry_if_exception(passes), stop=stop_after_delay(timeout), wait=wait, reraise=True)(once)()
