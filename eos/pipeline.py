@@ -97,10 +97,13 @@ def build(
                 )
             view = view.withWatermark(watermark.column, f"{int(watermark.delay * 1000)} milliseconds")
         view.createOrReplaceTempView(source.name)
-        # Poison rows are read by a second scan of the same epoch's input only when they go
-        # somewhere; under `fail` the read task stops at the first one.
-        poison = rows.filter(F.col(ERROR).isNotNull())
-        if source.entry.on_error == "skip":
+        # Poison rows come from a second scan of the same epoch's input (Spark's offset log has an
+        # entry per scan, so it exists in every on_error mode: switching modes keeps the
+        # checkpoint's shape). Under `fail` it reads nothing: the read task stops at the first.
+        poison = source.poison_stream(spark, pins[source.name], options).filter(F.col(ERROR).isNotNull())
+        if source.entry.on_error == "fail":
+            poison_parts.append((f"{source.name}.poison", poison.select(F.lit(1).alias("n")), None))
+        elif source.entry.on_error == "skip":
             poison_parts.append((f"{source.name}.skipped", poison.select(F.lit(1).alias("n")), None))
         elif source.entry.on_error == "dlq":
             sink = dead_letters[f"{source.name}.dlq"]

@@ -106,6 +106,16 @@ class SourceConnector(ABC):
     def stream(self, spark: Any, pinned: dict[str, Any], options: StreamOptions) -> DataFrame:
         """The streaming DataFrame of this source (see the module doc for its columns)."""
 
+    def poison_stream(self, spark: Any, pinned: dict[str, Any], options: StreamOptions) -> DataFrame:
+        """A second scan of the same input, where the pipeline takes the poison rows from.
+
+        Spark gives every scan in a query its own entry in the offset log and refuses a restart
+        whose query has a different number of them. The pipeline therefore builds this scan in
+        every `on_error` mode, so that switching `on_error` (the way out of a poison stop) keeps
+        the checkpoint's shape. Under `fail` no poison row is ever routed, and a source should make
+        this scan read nothing; the default reads the input a second time."""
+        return self.stream(spark, pinned, options)
+
     def dead_letters(self) -> SinkConnector | None:
         """The sink of this source's poison records under `on_error: dlq`."""
         return None

@@ -78,6 +78,7 @@ class ReaderOptions:
     failpoints: list[str] = field(default_factory=list)  # armed `source.read` specs (tests)
     failpoint_state: str = ""
     driver_pgid: int = 0
+    poison_scan: bool = False  # the pipeline's second scan, for poison rows only (eos.protocol.source)
 
     def encode(self) -> str:
         return base64.b64encode(pickle.dumps(self)).decode()
@@ -326,6 +327,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return planning.encode(ends)
 
     def partitions(self, start: dict, end: dict) -> list[KafkaRanges]:
+        if self.options.poison_scan and self.options.on_error == "fail":
+            return []  # under `fail` the main scan stops at the first poison record: nothing to read
         ranges = planning.split_ranges(planning.decode(start), planning.decode(end), self.options.max_records_per_task)
         packed = planning.pack(ranges, self.options.parallelism)
         return [KafkaRanges([(r.topic, r.partition, r.start, r.end) for r in task]) for task in packed]
@@ -336,7 +339,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         """Spark marked the epoch ending at `end` committed: publish progress for lag monitoring."""
-        if self.options.group_id:
+        if self.options.group_id and not self.options.poison_scan:
             publish_offsets(self, self.options.group_id, planning.decode(end))
 
     def stop(self) -> None:

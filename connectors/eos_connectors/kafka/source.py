@@ -161,6 +161,12 @@ class KafkaSource(SourceConnector):
         return avro.decode_codec(fmt, which, self.pipeline.base_dir, list(self.entry.kafka.topics))
 
     def stream(self, spark: Any, pinned: dict[str, Any], options: StreamOptions) -> DataFrame:
+        return self._scan(spark, pinned, options, poison_scan=False)
+
+    def poison_stream(self, spark: Any, pinned: dict[str, Any], options: StreamOptions) -> DataFrame:
+        return self._scan(spark, pinned, options, poison_scan=True)
+
+    def _scan(self, spark: Any, pinned: dict[str, Any], options: StreamOptions, poison_scan: bool) -> DataFrame:
         kafka = self.entry.kafka
         reader = ReaderOptions(
             name=self.name,
@@ -180,6 +186,7 @@ class KafkaSource(SourceConnector):
             failpoints=options.failpoints,
             failpoint_state=options.failpoint_state,
             driver_pgid=options.driver_pgid,
+            poison_scan=poison_scan,
         )
         spark.dataSource.register(KafkaDataSource)
         raw = spark.readStream.format(FORMAT_NAME).option("eos.source", reader.encode()).load()

@@ -44,11 +44,13 @@ def cmd_reset(args: argparse.Namespace) -> int:
     try:
         me = DriverInfo(f"reset-{uuid.uuid4().hex[:8]}", socket.gethostname(), os.getpid(), "127.0.0.1:0")
         state = take_over(control, me, allow=False)  # refuses while the pipeline runs
-        if meta is not None:
-            report = recovery.recover(
-                found.sinks, state.pools, state.decision, checkpoint, meta.checkpoint_id, 60, "reset"
-            )
-            print(f"fenced {report.fenced_ids} transactional ids; resolved {report.resolved or 'nothing'}")
+        # Always: the control log (in Kafka) knows the pools even when the checkpoint is gone, and
+        # the ledgers are not checked: whatever checkpoint wrote them, they are about to be forgotten.
+        report = recovery.recover(
+            found.sinks, state.pools, state.decision, checkpoint, meta.checkpoint_id if meta else "(none)", 60,
+            "reset", read_ledgers=False,
+        )  # fmt: skip
+        print(f"fenced {report.fenced_ids} transactional ids; resolved {report.resolved or 'nothing'}")
         for sink in found.sinks:
             sink.forget()
             print(f"forgot sink {sink.name}'s ledger entries")
