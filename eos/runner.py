@@ -378,7 +378,12 @@ def publish_progress(found: Connectors, checkpoint: Checkpoint) -> None:
         logged = checkpoint.logged_offsets(last)
     except CheckpointError:
         return
-    for source, offsets in zip(found.sources, logged, strict=False):
+    from eos.observe.lag import line_of
+
+    for source in found.sources:
+        offsets = line_of(source, logged)
+        if offsets is None:
+            continue
         try:
             source.publish_progress(offsets)
         except Exception as exc:  # monitoring only

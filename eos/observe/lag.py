@@ -93,10 +93,15 @@ def committed_lines(
     lines: list[Line | None] = [pinned_line((pins or {}).get(s.name)) for s in sources]
     epoch = checkpoint.last_committed_epoch()
     if epoch is not None:
-        logged = checkpoint.logged_offsets(epoch)
-        for index, line in enumerate(logged[: len(sources)]):
-            lines[index] = as_line(line) or lines[index]
+        logged = [as_line(line) for line in checkpoint.logged_offsets(epoch)]
+        for index, source in enumerate(sources):
+            lines[index] = line_of(source, logged) or lines[index]
     return lines
+
+
+def line_of(source: SourceConnector, lines: Iterable[Line | None]) -> Line | None:
+    """The first of these lines (Spark's, one per scan, in the plan's order) that is the source's."""
+    return next((line for line in lines if line and source.owns(line)), None)
 
 
 def source_lag(sources: list[SourceConnector], lines: list[Line | None]) -> list[PartitionLag]:
@@ -258,9 +263,10 @@ class LagMonitor:
             if key in self._consumed:
                 return self._consumed[key]
             out: dict[str, int] = {}
-            for index, (name, reported) in enumerate(zip(self.names, sources, strict=False)):
-                end = as_line(reported.get("endOffset"))
-                if end is None:
+            for index, (name, source) in enumerate(zip(self.names, self.sources, strict=True)):
+                reported = next((r for r in sources if (e := as_line(r.get("endOffset"))) and source.owns(e)), None)
+                end = as_line(reported.get("endOffset")) if reported else None
+                if reported is None or end is None:
                     continue
                 start = as_line(reported.get("startOffset")) or self._lines[index]
                 out[name] = consumed(start, end)

@@ -125,6 +125,12 @@ class SourceConnector(ABC):
         """Where the driver fences other drivers and records commit decisions (the first
         source's system: every pipeline has one)."""
 
+    def owns(self, line: dict[str, Any]) -> bool:
+        """Whether an offset-log line (or a progress report's end offsets) is this source's.
+        Spark logs a line per scan of the query, in an order its plan decides: a source scanned
+        twice (its poison scan, or SQL that reads its view twice) has several."""
+        return True
+
     def lag(self, logged: dict[str, Any] | None) -> list[PartitionLag]:
         """Lag behind the newest input, given the source's line of the last committed epoch."""
         return []

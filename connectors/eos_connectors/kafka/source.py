@@ -163,6 +163,9 @@ class KafkaSource(SourceConnector):
     def stream(self, spark: Any, pinned: dict[str, Any], options: StreamOptions) -> DataFrame:
         return self._scan(spark, pinned, options, poison_scan=False)
 
+    def owns(self, line: dict[str, Any]) -> bool:
+        return bool(line) and set(line) <= set(self.entry.kafka.topics)
+
     def poison_stream(self, spark: Any, pinned: dict[str, Any], options: StreamOptions) -> DataFrame:
         return self._scan(spark, pinned, options, poison_scan=True)
 
