@@ -19,6 +19,13 @@ import pytest
 from eos_connectors.kafka.clients import admin_client, create_topic
 from tests.support import KafkaUnderTest, start_kafka_under_test
 
+# Test-only: every Spark driver the tests start (in this process, in `eos` subprocesses, under
+# spark-submit) runs short jobs, where JVM start-up and JIT compilation dominate. Spark's launcher
+# adds SPARK_SUBMIT_OPTS to the driver JVM. The C1 compiler alone and the serial collector took a
+# cold SparkSession plus two small jobs from 25-30 s to 12 s on this 2-core machine under load.
+# Not a product default: long-running pipelines want the C2 compiler.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
 
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaUnderTest]:

@@ -252,6 +252,11 @@ class LagMonitor:
             self._wake.wait(self.interval_s)
             self._wake.clear()
 
+    def owner_of(self, end_offset: Any) -> str | None:
+        """The name of the source a scan's reported end offsets belong to, if any."""
+        line = as_line(end_offset)
+        return next((s.name for s in self.sources if line and s.owns(line)), None)
+
     # -- updates ---------------------------------------------------------------------------------
     def on_progress(self, progress: Mapping[str, Any]) -> dict[str, int]:
         """Take a batch's end lines from Spark's progress as the committed position; returns the

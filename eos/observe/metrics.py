@@ -299,9 +299,16 @@ class PipelineMetrics(EpochListener):
         for key in SPARK_KEYS:
             if key in durations:
                 self.spark_s.labels(p, key).observe(durations[key] / 1000)
-        # Spark's source i is the pipeline's source i.
-        for name, source in zip(self.shape.sources, progress.get("sources") or [], strict=False):
-            self.spark_rows.labels(p, name).inc(max(0, int(source.get("numInputRows") or 0)))
+        # Spark reports every scan of the query (a source's poison scan, SQL that reads a view
+        # twice): each scan's rows count toward the source whose offsets it reports.
+        reported = progress.get("sources") or []
+        owners = self.lag.owner_of if self.lag is not None else None
+        for index, scan in enumerate(reported):
+            name = owners(scan.get("endOffset")) if owners else None
+            if name is None and owners is None and index < len(self.shape.sources):
+                name = self.shape.sources[index]
+            if name is not None:
+                self.spark_rows.labels(p, name).inc(max(0, int(scan.get("numInputRows") or 0)))
         if self.lag is not None:
             for name, n in self.lag.on_progress(progress).items():
                 self.offsets_in.labels(p, name).inc(n)
