@@ -87,13 +87,18 @@ class _HadoopFiles:
         self.jvm = jvm
         self.conf = hadoop_conf
         self._root = root.rstrip("/")
-        path = jvm.org.apache.hadoop.fs.Path(self._root)
+        # Resolved once: py4j resolves `jvm.org.apache...` a package segment at a time, each a
+        # failed class search through every jar (2.6 ms per Path built that way, 0.16 ms through
+        # the resolved class; several per epoch).
+        self._Path = jvm.org.apache.hadoop.fs.Path
+        self._IOUtils = jvm.org.apache.commons.io.IOUtils
+        path = self._Path(self._root)
         self.fs = path.getFileSystem(hadoop_conf)
         managers = getattr(jvm.org.apache.spark.sql.execution.streaming.checkpointing, "CheckpointFileManager$")
         self.manager = getattr(managers, "MODULE$").create(path, hadoop_conf)
 
     def _path(self, rel: str) -> Any:
-        return self.jvm.org.apache.hadoop.fs.Path(f"{self._root}/{rel}" if rel else self._root)
+        return self._Path(f"{self._root}/{rel}" if rel else self._root)
 
     def uri(self) -> str:
         return self._root
@@ -104,7 +109,7 @@ class _HadoopFiles:
             return None
         stream = self.fs.open(path)
         try:
-            data = self.jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
+            data = self._IOUtils.toByteArray(stream)
         finally:
             stream.close()
         return bytes(data).decode()
