@@ -136,6 +136,11 @@ class EpochCommitter:
 
     def recover(self, reason: str) -> RecoveryReport:
         if self.pipeline.exactly_once and self.control is not None:
+            # First make sure this driver still holds the pipeline (re-recording its pools is a
+            # write under its driver id: DriverFenced if a newer driver took over). A driver that
+            # stalled while another took over must stop here: its recovery would fence the new
+            # driver's transactions and read the new driver's ledger entries as its own.
+            self.control.record_pools(self.pools)
             self.decision = self.control.decision()  # the recorded one: what RESUME sinks resume
         if not self.pipeline.exactly_once:
             report = RecoveryReport(0, {}, 0.0, {}, reason)
