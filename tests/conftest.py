@@ -70,15 +70,25 @@ def new_topic(admin, unique_name) -> Callable[..., str]:
 
 
 @pytest.fixture(scope="session")
-def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def postgres() -> Iterator[str]:
     """A real PostgreSQL server (max_prepared_transactions > 0), started once per session; its DSN."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
     from tests.support_postgres import start_postgres_under_test
 
-    dsn, close = start_postgres_under_test(tmp_path_factory.mktemp("postgres"))
+    # Not under pytest's basetemp: started as root, the server runs as an unprivileged account
+    # that needs search permission on every folder above its data, and every new pytest session
+    # on the machine resets /tmp/pytest-of-<user> to 0700 (a second pytest run took the data
+    # folder away from a running server: "could not open file .../global/pg_control").
+    folder = Path(tempfile.mkdtemp(prefix="eos-test-postgres-"))
+    dsn, close = start_postgres_under_test(folder)
     try:
         yield dsn
     finally:
         close()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
