@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import string
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -28,6 +25,8 @@ from typing import TypeVar
 
 from eos.errors import EnvironmentProblem
 from eos.paths import eos_home, ops_dir
+from eos_ops import jvm
+from eos_ops.jvm import port_is_free
 
 Progress = Callable[[str], None]
 T = TypeVar("T")
@@ -69,70 +68,18 @@ def tail(path: Path, lines: int = 30) -> str:
 
 def find_java() -> str:
     """Path of a Java >= 17 executable, or a clear error."""
-    java_home = os.environ.get("JAVA_HOME")
-    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
-    if not java or not Path(java).exists():
-        raise EnvironmentProblem(
-            "Java was not found: the local Kafka broker needs Java 17 or later.",
-            hint="install a JDK 17+ (e.g. `apt install openjdk-17-jre-headless`) or set JAVA_HOME",
-        )
-    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
-    major = int(match.group(1)) if match else 0
-    if major == 1 and match and match.group(2):  # "1.8" style
-        major = int(match.group(2))
-    if major < 17:
-        raise EnvironmentProblem(
-            f"{java} is Java {major or '?'}; the local Kafka broker needs Java 17 or later.",
-            hint="point JAVA_HOME at a JDK 17+",
-        )
-    return java
+    return jvm.find_java("the local Kafka broker")
 
 
 def jar_cache_dir() -> Path:
-    pom = (kafka_ops_dir() / "pom.xml").read_bytes()
-    return eos_home() / "kafka" / hashlib.sha256(pom).hexdigest()[:12]
+    return jvm.jar_cache_dir(kafka_ops_dir() / "pom.xml", eos_home() / "kafka")
 
 
 def fetch_jars(progress: Progress = _quiet) -> Path:
     """Resolve the broker's jars from Maven Central once; returns the libs folder."""
-    cache = jar_cache_dir()
-    libs = cache / "libs"
-    if (cache / ".complete").exists():
-        return libs
-    mvn = shutil.which("mvn")
-    if not mvn:
-        raise EnvironmentProblem(
-            "Maven (mvn) was not found: it is needed once, to fetch the Kafka broker jars.",
-            hint="install Maven (e.g. `apt install maven`)",
-        )
-    progress(f"Fetching Apache Kafka {kafka_version()} jars from Maven Central into {libs} (once) ...")
-    started = time.monotonic()
-    cache.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="libs-", dir=cache))
-    cmd = [
-        mvn, "-B", "-q", "-f", str(kafka_ops_dir() / "pom.xml"),
-        "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
-    ]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        output = (result.stdout + result.stderr).strip()
-        offline = re.search(r"Could not (transfer|resolve)|UnknownHost|offline|Connection refused", output)
-        raise EnvironmentProblem(
-            "Maven could not fetch the Kafka broker jars"
-            + (" (Maven Central unreachable: are you offline?)" if offline else "")
-            + f".\n  command: {' '.join(cmd)}\n  last lines:\n"
-            + "\n".join("    " + line for line in output.splitlines()[-15:]),
-            hint="check network access to https://repo1.maven.org, or a Maven mirror in ~/.m2/settings.xml",
-        )
-    if libs.exists():
-        shutil.rmtree(libs)
-    staging.rename(libs)
-    (cache / ".complete").write_text(kafka_version())
-    jars = len(list(libs.glob("*.jar")))
-    progress(f"Fetched {jars} jars in {time.monotonic() - started:.1f} s.")
-    return libs
+    return jvm.fetch_jars(
+        kafka_ops_dir() / "pom.xml", eos_home() / "kafka", f"Apache Kafka {kafka_version()}", progress
+    )
 
 
 def java_classpath(progress: Progress = _quiet) -> str:
@@ -142,16 +89,6 @@ def java_classpath(progress: Progress = _quiet) -> str:
 # ---------------------------------------------------------------------------------------------
 # One Kafka process: what the single broker and every node of a cluster share
 # ---------------------------------------------------------------------------------------------
-
-
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def free_port(host: str = "127.0.0.1", span: int = 2) -> int:

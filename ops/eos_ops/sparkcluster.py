@@ -36,9 +36,7 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -50,6 +48,8 @@ from pathlib import Path
 
 from eos.errors import EnvironmentProblem
 from eos.paths import eos_home
+from eos_ops import jvm
+from eos_ops.jvm import port_is_free
 
 Progress = Callable[[str], None]
 
@@ -121,30 +121,7 @@ def spark_home() -> Path:
 
 def check_java() -> None:
     """Spark 4 needs Java 17 or later; say so before three JVMs fail to start."""
-    java_home = os.environ.get("JAVA_HOME")
-    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
-    if not java or not Path(java).exists():
-        raise EnvironmentProblem(
-            "Java was not found: a Spark cluster needs Java 17 or later.",
-            hint="install a JDK 17+ (e.g. `apt install openjdk-17-jre-headless`) or set JAVA_HOME",
-        )
-    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
-    match = re.search(r'version "(\d+)', out)
-    if not match or int(match.group(1)) < 17:
-        raise EnvironmentProblem(
-            f"{java} is not Java 17 or later ({out.splitlines()[0] if out else 'no version'}); Spark 4 needs 17+.",
-            hint="point JAVA_HOME at a JDK 17+",
-        )
-
-
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
+    jvm.find_java("a Spark cluster")
 
 
 def ephemeral_range() -> tuple[int, int]:
