@@ -67,22 +67,9 @@ class Gid:
         return gid
 
 
-@dataclass(frozen=True)
-class ParsedGid:
-    """The parts of a gid as they appear in it (names possibly shortened)."""
-
-    pipeline: str
-    checkpoint: str
-    sink: str
-    slot: int
-    epoch: int
-    attempt: int
-    task_attempt: int
-    run: str
-
-
-def parse(gid: str) -> ParsedGid | None:
-    """The parts of an eos gid; None for any other gid."""
+def parse(gid: str) -> Gid | None:
+    """The parts of an eos gid, as they appear in it (names possibly shortened: shortening is
+    idempotent, so str() of the result is `gid` again); None for any other gid."""
     parts = gid.split(SEPARATOR)
     if len(parts) != 9 or parts[0] != ROOT:
         return None
@@ -90,4 +77,4 @@ def parse(gid: str) -> ParsedGid | None:
         numbers = [int(p) for p in parts[4:8]]
     except ValueError:
         return None
-    return ParsedGid(parts[1], parts[2], parts[3], *numbers, parts[8])
+    return Gid(parts[1], parts[2], parts[3], *numbers, parts[8])
