@@ -173,11 +173,14 @@ def pid_from_file(pid_file: Path, *markers: str) -> int | None:
 
 
 def alive(pid: int) -> bool:
-    """True while the process runs; a zombie child of ours counts as gone (and is reaped)."""
+    """True while the process runs; a zombie child of ours counts as gone (and is reaped).
+    Also for a process of another account (a server run as an unprivileged user)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    except PermissionError:
+        pass  # it exists; /proc says whether it is a zombie
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):

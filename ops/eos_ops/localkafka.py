@@ -8,7 +8,6 @@ a background JVM with a small heap. `eos kafka start|stop|status` drives this mo
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import re
@@ -119,16 +118,6 @@ def _process_state(pid: int) -> str | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return None
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process is alive; a zombie child (when this process started it) is reaped and counts as gone."""
-    state = _process_state(pid)
-    if state == "Z":
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        return False
-    return state is not None
 
 
 class KafkaNode:
@@ -248,7 +237,7 @@ class KafkaNode:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except (OSError, ValueError):
             return None
-        if "kafka.Kafka" in cmdline and str(self.properties_file) in cmdline and _alive(pid):
+        if "kafka.Kafka" in cmdline and str(self.properties_file) in cmdline and jvm.alive(pid):
             return pid
         return None
 
@@ -298,12 +287,12 @@ class KafkaNode:
     def wait_gone(self, pid: int, timeout: float, progress: Progress = _quiet) -> None:
         """Wait for `pid` to exit, SIGKILL it after `timeout`; then forget the pid file."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and jvm.alive(pid):
             time.sleep(0.1)
-        if _alive(pid):
+        if jvm.alive(pid):
             progress(f"{self.name} did not stop within {timeout:.0f} s; killing it.")
             os.kill(pid, signal.SIGKILL)
-            while _alive(pid):
+            while jvm.alive(pid):
                 time.sleep(0.1)
         self.pid_file.unlink(missing_ok=True)
 

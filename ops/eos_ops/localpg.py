@@ -70,6 +70,7 @@ from psycopg.conninfo import make_conninfo
 
 from eos.errors import EnvironmentProblem
 from eos.paths import eos_home
+from eos_ops import jvm
 
 Progress = Callable[[str], None]
 
@@ -307,25 +308,6 @@ def wait_ready(dsn: str, timeout: float, alive: Callable[[], bool] | None = None
     raise EnvironmentProblem(f"PostgreSQL did not accept connections within {timeout:.0f} s; last error: {last}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie counts as gone (reaped here when it is our child).
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    if state == "Z":
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        return False
-    return True
-
-
 def _children(pid: int) -> list[int]:
     """PIDs whose parent is `pid` (the postmaster's backends and auxiliary processes)."""
     found = []
@@ -340,7 +322,7 @@ def _children(pid: int) -> list[int]:
 
 def _wait_gone(pids: list[int], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
-    while any(_alive(pid) for pid in pids):
+    while any(jvm.alive(pid) for pid in pids):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
@@ -448,7 +430,7 @@ class LocalPostgres:
         except (OSError, ValueError):
             return None
         if Path(argv[0].decode(errors="replace")).name == "postgres" and str(self.pgdata).encode() in argv:
-            return pid if _alive(pid) else None
+            return pid if jvm.alive(pid) else None
         return None
 
     def answers(self, timeout: float = 2.0) -> bool:
