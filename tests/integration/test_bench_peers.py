@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import io
 import json
+import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from bench.inputs import Input, make_input
 from bench.peers import VIEW_SCHEMA, run_kstreams, run_quix
 from eos.paths import schemas_dir
 from eos_ops.demo import EVENT_SCHEMA, OUTPUT_SCHEMA, generate_events
-from tests.support import KafkaUnderTest, read_all, start_local_broker
+from tests.support import KafkaUnderTest, read_all
 
 EVENTS = 1_850  # ~2,000 records with the generator's duplicates
 SEED = 7  # make_input's: generate_events(EVENTS, SEED) repeats its events and ground truth
@@ -55,23 +55,23 @@ def _decode(value: bytes, schema: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaUnderTest]:
-    under_test = start_local_broker(tmp_path_factory.mktemp("peers-kafka"))
-    try:
-        yield under_test
-    finally:
-        under_test.close()
+def broker(kafka: KafkaUnderTest) -> KafkaUnderTest:
+    """The session's broker: the peers need only its address (topics are this module's own)."""
+    return kafka
+
+
+_RUN = uuid.uuid4().hex[:8]  # input topic names of this session (the broker may outlive it)
 
 
 @pytest.fixture(scope="module")
 def source(broker: KafkaUnderTest) -> Input:
-    return make_input(broker.bootstrap, "peers-input", 4, EVENTS, seed=SEED)
+    return make_input(broker.bootstrap, f"peers-input-{_RUN}", 4, EVENTS, seed=SEED)
 
 
 @pytest.fixture(scope="module")
 def source_one(broker: KafkaUnderTest) -> Input:
     """The same events in one partition: see test_quix_stateful_counts_the_distinct_events."""
-    return make_input(broker.bootstrap, "peers-input-p1", 1, EVENTS, seed=SEED)
+    return make_input(broker.bootstrap, f"peers-input-p1-{_RUN}", 1, EVENTS, seed=SEED)
 
 
 @pytest.fixture(scope="module")
