@@ -138,3 +138,26 @@ def test_two_pipelines_with_a_sink_of_the_same_name_never_share_a_producer(boots
     assert not b.reused and b.entry.instance is not a.entry.instance
     assert b.entry.txid.startswith(b.factory.prefix) and a.entry.txid.startswith(a.factory.prefix)
     assert [m.value() for m in read_all(bootstrap, b.factory.topic)] == [b"b"]
+
+
+def test_transactional_producers_connect_to_every_broker_at_creation(bootstrap, admin, unique_name):
+    """A transactional producer with sparse connections (librdkafka's default) reaches its
+    transaction coordinator only when init_transactions asks for it, and often waits for
+    librdkafka's 500 ms PID retry timer. eos's transactional producers (sinks, control log,
+    fencing) connect to every broker at creation; a user's own setting still wins."""
+    from eos_connectors.kafka.clients import producer, producer_config
+
+    base = {"bootstrap.servers": bootstrap}
+    assert producer_config({**base, "transactional.id": "t"})["enable.sparse.connections"] is False
+    assert "enable.sparse.connections" not in producer_config(base)
+    mine = {**base, "transactional.id": "t", "enable.sparse.connections": True}
+    assert producer_config(mine)["enable.sparse.connections"] is True
+    # ... and such a producer runs a transaction (the broker accepts the setting's connections)
+    topic = unique_name("sparse")
+    create_topic(admin, topic, 1)
+    instance = producer({**base, "transactional.id": unique_name("sparse-txn")})
+    instance.init_transactions(30)
+    instance.begin_transaction()
+    instance.produce(topic, b"x")
+    instance.commit_transaction(30)
+    assert [m.value() for m in read_all(bootstrap, topic)] == [b"x"]
