@@ -375,6 +375,10 @@ class KafkaWriter(SlotWriter):
             if entry is None or entry.broken:
                 entry = _Producer("", None)
                 entry.instance = producer(self.factory.config(None, entry.on_delivery))
+                # An idempotent producer asks for its producer id at creation; with no broker
+                # connected yet it retries on librdkafka's 500 ms timer, and the slot's first
+                # flush waits for it (505 ms against 57 ms with this metadata request first).
+                entry.instance.list_topics(self.factory.topic, timeout=self.factory.timeout_s)
                 _plain[key] = entry
             return entry
 
