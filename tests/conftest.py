@@ -17,14 +17,15 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from eos_connectors.kafka.clients import admin_client, create_topic
+from tests.spark_cds import driver_opts
 from tests.support import KafkaUnderTest, start_kafka_under_test
 
 # Test-only: every Spark driver the tests start (in this process, in `eos` subprocesses, under
-# spark-submit) runs short jobs, where JVM start-up and JIT compilation dominate. Spark's launcher
-# adds SPARK_SUBMIT_OPTS to the driver JVM. The C1 compiler alone and the serial collector took a
-# cold SparkSession plus two small jobs from 25-30 s to 12 s on this 2-core machine under load.
-# Not a product default: long-running pipelines want the C2 compiler.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# spark-submit) runs short jobs, where JVM start-up dominates. Spark's launcher adds
+# SPARK_SUBMIT_OPTS to the driver JVM: C1 only, the serial collector, and a class-data archive of
+# Spark's classes built once per $EOS_HOME (tests/spark_cds.py). Not a product default.
+if "SPARK_SUBMIT_OPTS" not in os.environ:
+    os.environ["SPARK_SUBMIT_OPTS"] = driver_opts()
 
 
 @pytest.fixture(scope="session")
