@@ -428,8 +428,9 @@ def producer_startup(results: dict[str, Any]) -> list[str]:
         )
     return [
         "**A fresh sink producer** (`bench/sections/producer.py`): `init_transactions` on a new transactional "
-        "producer, as `connectors/kafka_sink.transactional_producer` does it when a slot lands on another Python "
-        "worker, and the same with one metadata request (`list_topics`) first, alternated on the same ids:",
+        "producer, as eos's `producer()` builds it (every broker connected at creation) when a slot lands on another "
+        "Python worker, the same with one metadata request (`list_topics`) first, and with librdkafka's default "
+        "sparse connections (eos before 2026-11-23), alternated on the same ids:",
         "",
         *table(["variant", "median", "p90", "max", "> 400 ms", "baseline", "ratio"], rows),
     ]
