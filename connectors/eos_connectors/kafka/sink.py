@@ -369,18 +369,21 @@ class KafkaWriter(SlotWriter):
         return entry
 
     def _plain(self) -> _Producer:
+        key = (self.factory.prefix, self.factory.sink)
         with _lock:
-            key = (self.factory.prefix, self.factory.sink)
             entry = _plain.get(key)
-            if entry is None or entry.broken:
-                entry = _Producer("", None)
-                entry.instance = producer(self.factory.config(None, entry.on_delivery))
-                # An idempotent producer asks for its producer id at creation; with no broker
-                # connected yet it retries on librdkafka's 500 ms timer, and the slot's first
-                # flush waits for it (505 ms against 57 ms with this metadata request first).
-                entry.instance.list_topics(self.factory.topic, timeout=self.factory.timeout_s)
-                _plain[key] = entry
-            return entry
+            if entry is not None and not entry.broken:
+                return entry
+            entry = _Producer("", None)
+            entry.instance = producer(self.factory.config(None, entry.on_delivery))
+            _plain[key] = entry
+        # An idempotent producer asks for its producer id at creation; with no broker connected
+        # yet it retries on librdkafka's 500 ms timer, and the slot's first flush waits for it
+        # (505 ms against 57 ms with this metadata request first). Outside the lock (network I/O)
+        # and best effort: an unreachable broker fails the slot where it did before, in the flush.
+        with contextlib.suppress(Exception):
+            entry.instance.list_topics(self.factory.topic, timeout=self.factory.timeout_s)
+        return entry
 
     def _use(self, call: Any, what: str = "") -> Any:
         """Every call on the producer goes through here: an indefinite error discards it."""
