@@ -4,8 +4,8 @@ The tests start well over a hundred Spark driver JVMs (each `eos run` subprocess
 tests is one), and a cold driver spends seconds loading and verifying Spark's classes. A
 class-data-sharing archive (JDK 13+ `-XX:ArchiveClassesAtExit`, AppCDS) holds those classes
 pre-parsed: built once per $EOS_HOME by a small Spark job, then mapped by every later driver.
-Measured on this 2-core machine under load: a cold session plus two small jobs 18-21 s without,
-13-17 s with it.
+Measured on this 2-core machine under load, alternating: a cold session plus two small jobs
+18.1 and 24.2 s without, 10.4 and 16.4 s with it.
 
 The JVM checks the archive against its own build and class path and ignores an archive that does
 not match (a driver with extra jars on its class path, another JDK): that driver only starts as
