@@ -115,12 +115,17 @@ class Progress:
         self.section_started += seconds
 
     def eta_s(self) -> float:
-        """Remaining estimate, scaled by how the finished sections compared with their estimates."""
-        spent = sum(self.done.values())
-        planned = sum(self.estimates.get(s, 0) for s in self.done)
+        """Remaining estimate, scaled by how the finished sections compared with their estimates.
+        Setup does not count: it is mostly the broker's start and one-off downloads, and scaling two
+        hours of runs by it once showed "ETA ~30 min" at the start of a 1-hour run."""
+        measured = [s for s in self.done if s != "setup"]
+        spent = sum(self.done[s] for s in measured)
+        planned = sum(self.estimates.get(s, 0) for s in measured)
         scale = spent / planned if planned > 0 and spent > 0 else 1.0
         remaining = sum(v for s, v in self.estimates.items() if s not in self.done and s != self.section)
-        in_section = max(0.0, self.estimates.get(self.section, 0) - (time.monotonic() - self.section_started))
+        in_section = 0.0
+        if self.section not in self.done:
+            in_section = max(0.0, self.estimates.get(self.section, 0) - (time.monotonic() - self.section_started))
         return scale * (remaining + in_section)
 
     def say(self, message: str) -> None:

@@ -142,3 +142,20 @@ def test_data_path_steps_are_measured(bootstrap: str, unique_name) -> None:
     costs = result["us_per_record"]
     for step in ("consume", "decode", "encode", "produce", "raw: decode", "raw: transform + encode"):
         assert 0 < costs[step] < 10_000, (step, costs)
+
+
+def test_the_eta_is_not_scaled_by_setup(monkeypatch) -> None:
+    """A fast setup (jars already fetched) once scaled a 2-hour plan's ETA down to 30 minutes."""
+    from bench import env
+
+    clock = [0.0]
+    monkeypatch.setattr(env.time, "monotonic", lambda: clock[0])
+    progress = Progress({"setup": 60, "throughput": 600, "latency": 600})
+    progress.begin("setup")
+    clock[0] = 15.0
+    progress.end()
+    progress.begin("throughput")
+    assert progress.eta_s() == 1200  # setup's 4x speed-up says nothing about the runs
+    clock[0] = 315.0
+    progress.end()  # throughput took half its estimate: the rest is scaled by that
+    assert progress.eta_s() == 300
