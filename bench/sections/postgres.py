@@ -61,36 +61,33 @@ def copy_loop(bootstrap: str, topic: str, dsn: str, table: str, batch: int, brok
     reader.assign([TopicPartition(topic, p, 0) for p in partitions[topic]])
     schema = _parse(str(schemas_dir() / EVENT_SCHEMA))
     remaining = {(topic, p) for p in partitions[topic] if ends[(topic, p)] > 0}
-    rows_in = rows_out = transactions = pending = 0
+    rows_in = rows_out = transactions = 0
     sql = f'COPY "{table}" ({", ".join(COLUMNS)}) FROM STDIN'
     with psycopg.connect(dsn) as conn:
         cur = conn.cursor()
-        copy = None
         try:
             while remaining:
-                messages = reader.consume(10_000, 0.5)
-                if copy is None and messages:
-                    copy = cur.copy(sql).__enter__()
-                for m in messages:
-                    if m.error() is not None:
-                        continue
-                    r = schemaless_reader(io.BytesIO(m.value()), schema, None)
-                    rows_in += 1
-                    pending += 1
-                    if m.offset() + 1 >= ends[(m.topic(), m.partition())]:
-                        remaining.discard((m.topic(), m.partition()))
-                    if r["event_type"] == "heartbeat" or r["campaign_id"] == "campaign-00":
-                        continue
-                    stamp = datetime.fromtimestamp(r["event_time"] / 1000, tz=timezone.utc)
-                    assert copy is not None
-                    copy.write_row((r["event_id"], r["campaign_id"], r["event_type"], stamp))
-                    rows_out += 1
-                if copy is not None and (pending >= batch or not remaining):
-                    copy.__exit__(None, None, None)
-                    copy = None
-                    conn.commit()
-                    transactions += 1
+                # One COPY and one transaction per `batch` input records, like eos's epochs. (The
+                # COPY must stay inside its `with`: a `cur.copy(sql).__enter__()` whose context
+                # manager is dropped is closed at once, and the server sees the COPY aborted.)
+                with cur.copy(sql) as copy:
                     pending = 0
+                    while remaining and pending < batch:
+                        for m in reader.consume(10_000, 0.5):
+                            if m.error() is not None:
+                                continue
+                            r = schemaless_reader(io.BytesIO(m.value()), schema, None)
+                            rows_in += 1
+                            pending += 1
+                            if m.offset() + 1 >= ends[(m.topic(), m.partition())]:
+                                remaining.discard((m.topic(), m.partition()))
+                            if r["event_type"] == "heartbeat" or r["campaign_id"] == "campaign-00":
+                                continue
+                            stamp = datetime.fromtimestamp(r["event_time"] / 1000, tz=timezone.utc)
+                            copy.write_row((r["event_id"], r["campaign_id"], r["event_type"], stamp))
+                            rows_out += 1
+                conn.commit()
+                transactions += 1
         finally:
             reader.close()
     wall = time.monotonic() - started
