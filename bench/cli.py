@@ -120,8 +120,10 @@ def run(args: argparse.Namespace, sections: tuple[str, ...], json_path: Path) ->
         quiet = wait_for_quiet(1.5, 20 * 60, progress.say)
         progress.exclude(float(quiet["waited_s"]))
     results: dict[str, Any] = {}
+    earlier = None
     if args.merge and json_path.exists():
         results = json.loads(json_path.read_text())
+        earlier = results.get("meta")  # the run the other sections come from: the report names both
     started_at = datetime.now(timezone.utc)
     results["meta"] = {
         "date": started_at.isoformat(timespec="seconds"),
@@ -139,6 +141,8 @@ def run(args: argparse.Namespace, sections: tuple[str, ...], json_path: Path) ->
         },
         "sections_run": list(sections),
     }
+    if earlier is not None:
+        results["meta"]["merged_into"] = earlier
     work = work_dir()
     broker = LocalBroker(port=free_port(), data_dir=work / "broker", heap="1g")
     spark = None

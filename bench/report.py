@@ -73,8 +73,9 @@ def failed(section: dict[str, Any] | None, name: str) -> list[str] | None:
 
 def header(results: dict[str, Any]) -> list[str]:
     meta = results["meta"]
+    first = _first_run(meta)
     m = meta["machine"]
-    load = meta["load"]
+    load = first["load"]
     sk = meta["spark_kafka"]
     waited = (
         "the quiet-machine wait was skipped"
@@ -98,13 +99,14 @@ def header(results: dict[str, Any]) -> list[str]:
         "python -m bench --quick    # every section, small sizes, one run each (~15 min): bench/results/QUICK.md",
         "```",
         "",
-        f"- **Run**: `{meta['command']}` on {meta['date']} ({n(meta.get('duration_s', 0) / 60, 0)} min)"
-        + (" — QUICK MODE: smoke-test sizes, not figures." if meta["quick"] else "."),
+        f"- **Run**: `{first['command']}` on {first['date']} ({n(first.get('duration_s', 0) / 60, 0)} min)"
+        + (" — QUICK MODE: smoke-test sizes, not figures." if meta["quick"] else ".")
+        + _merged(meta),
         f"- **Machine**: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {m['os']}; Python {m['python']}, "
         f"PySpark {m['pyspark']}, Kafka {m['kafka']} (local KRaft broker, 1 GiB heap), confluent-kafka "
         f"{m['confluent_kafka']} (librdkafka {m['librdkafka']}), {meta['java']}.",
         f"- **Load average** (1 min): {load['load_at_start']} at start ({waited}), "
-        f"{meta.get('load_at_end', '–')} at the end; per section below. Other engineers' test runs share this "
+        f"{first.get('load_at_end', '–')} at the end; per section below. Other engineers' test runs share this "
         "machine: the CPU tables show how much of it they took (`other`).",
         f"- **Spark's Kafka connector**: spark-sql-kafka-0-10_2.13 **{sk['version']}** "
         + (
@@ -1079,7 +1081,7 @@ def readme_peers(results: dict[str, Any]) -> str:
                     ratio(_paired_rows(runs, EO, config)) if config != EO else "1.00×",
                 ]
             )
-    meta = results.get("meta", {})
+    meta = run_of(results.get("meta", {}), "peers")
     load = (meta.get("load") or {}).get("load_at_start")
     how = (
         f"QUICK MODE (one round, smoke-test sizes, load average {load} at start: not figures)"
@@ -1093,3 +1095,25 @@ def readme_peers(results: dict[str, Any]) -> str:
         *table(["pipeline", "engine", "records/s", "CPU µs/record (all processes)", "eos ÷ engine"], rows),
     ]
     return "\n".join(lines)
+
+
+def _first_run(meta: dict[str, Any]) -> dict[str, Any]:
+    while meta.get("merged_into"):
+        meta = meta["merged_into"]
+    return meta
+
+
+def run_of(meta: dict[str, Any], section: str) -> dict[str, Any]:
+    """The meta of the run that produced `section` (results merged with `--merge` hold several)."""
+    while section not in meta.get("sections_run", [section]) and meta.get("merged_into"):
+        meta = meta["merged_into"]
+    return meta
+
+
+def _merged(meta: dict[str, Any]) -> str:
+    """`--merge` re-runs some sections into an earlier run's results: say which come from where."""
+    reruns = []
+    while meta.get("merged_into"):
+        reruns.append(f"{', '.join(meta.get('sections_run', []))} re-run by `{meta['command']}` on {meta['date']}")
+        meta = meta["merged_into"]
+    return f" Then {'; '.join(reversed(reruns))}: those sections' figures come from there." if reruns else ""

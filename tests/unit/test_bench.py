@@ -159,3 +159,13 @@ def test_the_eta_is_not_scaled_by_setup(monkeypatch) -> None:
     clock[0] = 315.0
     progress.end()  # throughput took half its estimate: the rest is scaled by that
     assert progress.eta_s() == 300
+
+
+def test_a_merged_report_names_the_run_each_section_comes_from() -> None:
+    full = {"command": "python -m bench", "date": "D1", "sections_run": ["peers", "postgres"]}
+    assert report._merged(full) == "" and report.run_of(full, "peers") is full
+    merge = {"command": "python -m bench --sections postgres --merge", "date": "D2", "sections_run": ["postgres"]}
+    merge["merged_into"] = full
+    assert "postgres re-run by `python -m bench --sections postgres --merge` on D2" in report._merged(merge)
+    assert report.run_of(merge, "peers") is full and report.run_of(merge, "postgres") is merge
+    assert report._first_run(merge) is full
