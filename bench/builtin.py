@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa  # at module level: Spark reads the UDF's `pa.Array` type hints
 import yaml
 
 from bench.pipelines import PLAN_KEYS, run_spans
@@ -30,7 +29,7 @@ from eos.api import ERROR, POISON_COLUMNS, RAW_KEY, RAW_VALUE
 from eos.config import pipeline_from_yaml
 from eos.pipeline import load_function
 from eos.yamlsource import parse_yaml
-from eos_connectors.formats.avro import decode_batch, decode_codec, encode_codec, encode_with
+from eos_connectors.formats.avro import decode_codec, decode_udf, encode_codec, encode_with
 from eos_connectors.formats.decode import METADATA, decode_in_spark, source_view
 from eos_connectors.formats.encode import sink_columns
 
@@ -48,19 +47,13 @@ class BuiltinRun:
 
 
 def _decode_once(codec: Any, column: Any) -> Any:
-    """eos's Avro decode as an `arrow_udf` (the same `decode_batch` as eos_connectors.formats.avro's
-    `decode_with`), marked nondeterministic so that Spark evaluates it once per record. A
-    deterministic UDF lets the optimizer push the filters on its result (the poison check, the
-    SQL's WHERE) below the projection, and the plan then decodes every record twice, once for the
-    filter and once for the columns (seen in the physical plan: two ArrowEvalPython nodes of
-    decode_avro). A PySpark user tuning this pipeline would do the same, so the baseline does."""
-    from pyspark.sql import functions as F
-
-    @F.arrow_udf(f"STRUCT<value: {codec.ddl}, error: STRING>")
-    def decode_avro(values: pa.Array) -> pa.Array:
-        return decode_batch(codec, values)
-
-    return decode_avro.asNondeterministic()(column)
+    """eos's Avro decode UDF (eos_connectors.formats.avro's `decode_udf`), marked nondeterministic
+    so that Spark evaluates it once per record. A deterministic UDF lets the optimizer push the
+    filters on its result (the poison check, the SQL's WHERE) below the projection, and the plan
+    then decodes every record twice, once for the filter and once for the columns (seen in the
+    physical plan: two ArrowEvalPython nodes of decode_avro). A PySpark user tuning this pipeline
+    would do the same, so the baseline does."""
+    return decode_udf(codec).asNondeterministic()(column)
 
 
 def _decoded(raw, source, base_dir: Path):

@@ -361,6 +361,12 @@ def decode_column(
 
 
 def decode_with(codec: AvroCodec, column: Column) -> Column:
+    return decode_udf(codec)(column)
+
+
+def decode_udf(codec: AvroCodec) -> Any:
+    """The decode as an `arrow_udf` (bytes -> struct<value, error>), for callers that must set how
+    Spark treats it (the benchmark's baseline marks it nondeterministic)."""
     from pyspark.sql import functions as F
 
     @F.arrow_udf(f"STRUCT<value: {codec.ddl}, error: STRING>")
@@ -368,7 +374,7 @@ def decode_with(codec: AvroCodec, column: Column) -> Column:
         with crossing():
             return decode_batch(codec, values)
 
-    return decode_avro(column)
+    return decode_avro
 
 
 def encode_column(
