@@ -1097,23 +1097,29 @@ def readme_peers(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _runs(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs behind merged results (`--merge` re-runs some sections into an earlier run's
+    results), newest first: the last is the run that the other sections come from."""
+    runs = [meta]
+    while runs[-1].get("merged_into"):
+        runs.append(runs[-1]["merged_into"])
+    return runs
+
+
 def _first_run(meta: dict[str, Any]) -> dict[str, Any]:
-    while meta.get("merged_into"):
-        meta = meta["merged_into"]
-    return meta
+    return _runs(meta)[-1]
 
 
 def run_of(meta: dict[str, Any], section: str) -> dict[str, Any]:
-    """The meta of the run that produced `section` (results merged with `--merge` hold several)."""
-    while section not in meta.get("sections_run", [section]) and meta.get("merged_into"):
-        meta = meta["merged_into"]
-    return meta
+    """The meta of the run that produced `section`."""
+    runs = _runs(meta)
+    return next((run for run in runs if section in run.get("sections_run", [section])), runs[-1])
 
 
 def _merged(meta: dict[str, Any]) -> str:
-    """`--merge` re-runs some sections into an earlier run's results: say which come from where."""
-    reruns = []
-    while meta.get("merged_into"):
-        reruns.append(f"{', '.join(meta.get('sections_run', []))} re-run by `{meta['command']}` on {meta['date']}")
-        meta = meta["merged_into"]
-    return f" Then {'; '.join(reversed(reruns))}: those sections' figures come from there." if reruns else ""
+    """Which sections were re-run, by what and when: their figures come from there."""
+    reruns = [
+        f"{', '.join(run.get('sections_run', []))} re-run by `{run['command']}` on {run['date']}"
+        for run in reversed(_runs(meta)[:-1])
+    ]
+    return f" Then {'; '.join(reruns)}: those sections' figures come from there." if reruns else ""
