@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
-from eos.paths import ops_dir
+from eos.paths import eos_home, ops_dir
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # Measured (DESIGN.md): on a local filesystem this halves the fixed checkpoint cost per micro-batch.
@@ -47,6 +50,63 @@ def default_conf(master: str, checkpoint: str | None = None) -> dict[str, str]:
     return conf
 
 
+def _runs_this_interpreter(python: str | None) -> bool:
+    # Not resolved: a virtualenv's python is a symlink to the base interpreter, and another
+    # virtualenv (without this pyspark) resolves to the same file.
+    found = shutil.which(python) if python else None
+    return found is not None and Path(found).absolute() == Path(sys.executable).absolute()
+
+
+def _pyspark_package() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def compiled_spark_home(python: str | None) -> Path | None:
+    """A SPARK_HOME whose Python processes import PySpark from the installed package, or None.
+
+    Why: Spark puts $SPARK_HOME/python/lib/pyspark.zip (and py4j's zip) first on the path of
+    every Python process it starts, and a zip holds no compiled bytecode, so each one compiles
+    PySpark from source: 0.55 s per process on a 2-core machine. An eos job starts six before its
+    first epoch (data-source lookup and planning, a streaming-source runner per scan, the worker
+    daemon): about 4 s of every start and restart. When those processes run this interpreter
+    (`python`), the installed pyspark package *is* the code in that zip, with its bytecode
+    cached. This returns a mirror of the package directory (every entry a symlink) without
+    python/lib, kept under $EOS_HOME; Spark then finds no zip and Python imports the package.
+    None when `python` is another interpreter (which may have no pyspark but the zip's) or this
+    pyspark is not a full distribution.
+    """
+    if not _runs_this_interpreter(python):
+        return None
+    home = _pyspark_package()
+    if not (home / "python" / "lib" / "pyspark.zip").is_file() or not (home / "jars").is_dir():
+        return None
+    from pyspark import __version__
+
+    key = hashlib.sha256(f"{home}|{__version__}".encode()).hexdigest()[:12]
+    mirror = eos_home() / "spark-home" / f"{__version__}-{key}"
+    if (mirror / "jars").exists():
+        return mirror
+    partial = mirror.with_name(f"{mirror.name}.{os.getpid()}.partial")
+    try:
+        partial.mkdir(parents=True, exist_ok=True)
+        for entry in home.iterdir():
+            if entry.name != "python":
+                (partial / entry.name).symlink_to(entry)
+        for entry in (home / "python").iterdir():
+            if entry.name != "lib":  # the zips
+                (partial / "python").mkdir(exist_ok=True)
+                (partial / "python" / entry.name).symlink_to(entry)
+        partial.rename(mirror)
+    except OSError:
+        # No symlinks here, or another process just made the same mirror: use it if it is whole.
+        shutil.rmtree(partial, ignore_errors=True)
+        if not (mirror / "jars").exists():
+            return None
+    return mirror
+
+
 def build_spark(
     app_name: str = "eos",
     master: str | None = None,
@@ -68,6 +128,18 @@ def build_spark(
         # Under spark-submit the JVM already runs with the master the user chose.
         settings.pop("spark.master")
     settings.update(conf or {})
+    chosen = os.environ.get("SPARK_HOME")
+    if (
+        not under_spark_submit
+        and settings.get("spark.master", "").startswith("local")
+        and (not chosen or Path(chosen).resolve() == _pyspark_package())
+    ):
+        # Only for a local JVM, where every Python process Spark starts runs the interpreter
+        # below (executors elsewhere have their own SPARK_HOME), and never instead of another
+        # Spark the user chose.
+        mirror = compiled_spark_home(settings.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON"))
+        if mirror is not None:
+            os.environ["SPARK_HOME"] = str(mirror)
     builder = SparkSession.builder.appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -43,7 +43,9 @@ def archive_path() -> Path:
 
     from eos.paths import eos_home
 
-    key = f"{pyspark.__version__}|{Path(pyspark.__file__).resolve().parent}|{os.environ.get('JAVA_HOME', '')}"
+    # "mirror": drivers run from eos's SPARK_HOME mirror (eos.sparksession.compiled_spark_home),
+    # so their class path differs from an archive built before it existed.
+    key = f"{pyspark.__version__}|{Path(pyspark.__file__).resolve().parent}|{os.environ.get('JAVA_HOME', '')}|mirror"
     return eos_home() / "test-cds" / f"spark-driver-{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsa"
 
 

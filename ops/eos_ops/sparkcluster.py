@@ -4,7 +4,8 @@ Why: `local[N]` runs every task inside the driver's JVM, so it never shows what 
 to eos: executors in other JVMs with their own Python workers, an executor dying with its worker
 in the middle of a stage, lost tasks re-run on another executor. The PyPI wheel of PySpark
 carries all of Spark (`jars/`, `bin/spark-class`, `bin/spark-submit`), so a standalone cluster
-needs nothing beyond Java 17: SPARK_HOME is simply the installed `pyspark` package.
+needs nothing beyond Java 17: SPARK_HOME is simply the installed `pyspark` package (its mirror
+without pyspark.zip, eos.sparksession.compiled_spark_home, when the cluster runs this interpreter).
 
 Layout of a cluster's folder (`workdir`):
 
@@ -48,6 +49,7 @@ from pathlib import Path
 
 from eos.errors import EnvironmentProblem
 from eos.paths import eos_home
+from eos.sparksession import compiled_spark_home
 from eos_ops import jvm
 from eos_ops.jvm import port_is_free
 
@@ -395,7 +397,9 @@ class LocalSparkCluster:
         env = dict(os.environ)
         env.pop("SPARK_CONF_DIR", None)  # this cluster's settings come from its own properties file
         env.update(
-            SPARK_HOME=str(spark_home()),
+            # Every process here runs this machine's interpreter: the mirror without pyspark.zip
+            # spares each Python worker and planner compiling PySpark from the zip (~0.5 s).
+            SPARK_HOME=str(compiled_spark_home(self.python) or spark_home()),
             SPARK_LOCAL_IP=self.host,
             SPARK_LOCAL_HOSTNAME=self.host,
             SPARK_DAEMON_MEMORY=self.daemon_memory,

@@ -1,0 +1,50 @@
+"""The SparkSession eos builds: its Python processes import PySpark compiled, not from Spark's zip."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pyspark
+
+from eos.sparksession import compiled_spark_home
+
+PACKAGE = Path(pyspark.__file__).resolve().parent
+
+
+def _pyspark_seen_by_a_worker(_rows):
+    import pyspark as worker_pyspark
+
+    yield worker_pyspark.__file__
+
+
+def test_local_python_workers_import_the_installed_pyspark_not_the_zip(spark):
+    # Spark puts $SPARK_HOME/python/lib/pyspark.zip first on its Python processes' path; from
+    # a zip every process compiles PySpark again (~0.5 s each, six per eos start).
+    seen = spark.sparkContext.parallelize([0], 1).mapPartitions(_pyspark_seen_by_a_worker).collect()
+    assert len(seen) == 1
+    assert ".zip" not in seen[0], seen[0]
+    assert Path(seen[0]).resolve().parent == PACKAGE
+
+
+def test_the_mirror_is_the_pyspark_distribution_without_its_zips(tmp_path, monkeypatch):
+    monkeypatch.setenv("EOS_HOME", str(tmp_path))
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    mirror = compiled_spark_home(sys.executable)
+    assert mirror is not None and mirror.is_relative_to(tmp_path)
+    assert (mirror / "jars").resolve() == PACKAGE / "jars"
+    assert (mirror / "bin" / "spark-submit").exists()
+    assert not (mirror / "python" / "lib").exists()
+    assert compiled_spark_home(sys.executable) == mirror  # made once, then reused
+    assert [p.name for p in (tmp_path / "spark-home").iterdir()] == [mirror.name]  # no partial left
+
+
+def test_the_zip_stays_where_spark_may_run_another_python(tmp_path, monkeypatch):
+    monkeypatch.setenv("EOS_HOME", str(tmp_path))
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    # Another virtualenv's python is a symlink to the same base interpreter, without this pyspark.
+    other = tmp_path / "other-venv" / "bin" / "python"
+    other.parent.mkdir(parents=True)
+    other.symlink_to(Path(sys.executable).resolve())
+    assert compiled_spark_home(str(other)) is None
+    assert compiled_spark_home(None) is None
