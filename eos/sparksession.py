@@ -57,7 +57,8 @@ def _runs_this_interpreter(python: str | None) -> bool:
     return found is not None and Path(found).absolute() == Path(sys.executable).absolute()
 
 
-def _pyspark_package() -> Path:
+def pyspark_package() -> Path:
+    """The installed pyspark package's directory (the PyPI wheel is a whole Spark distribution)."""
     import pyspark
 
     return Path(pyspark.__file__).resolve().parent
@@ -79,7 +80,7 @@ def compiled_spark_home(python: str | None) -> Path | None:
     """
     if not _runs_this_interpreter(python):
         return None
-    home = _pyspark_package()
+    home = pyspark_package()
     if not (home / "python" / "lib" / "pyspark.zip").is_file() or not (home / "jars").is_dir():
         return None
     from pyspark import __version__
@@ -90,14 +91,8 @@ def compiled_spark_home(python: str | None) -> Path | None:
         return mirror
     partial = mirror.with_name(f"{mirror.name}.{os.getpid()}.partial")
     try:
-        partial.mkdir(parents=True, exist_ok=True)
-        for entry in home.iterdir():
-            if entry.name != "python":
-                (partial / entry.name).symlink_to(entry)
-        for entry in (home / "python").iterdir():
-            if entry.name != "lib":  # the zips
-                (partial / "python").mkdir(exist_ok=True)
-                (partial / "python" / entry.name).symlink_to(entry)
+        _link_entries(home, partial, but="python")
+        _link_entries(home / "python", partial / "python", but="lib")  # lib: the zips
         partial.rename(mirror)
     except OSError:
         # No symlinks here, or another process just made the same mirror: use it if it is whole.
@@ -105,6 +100,14 @@ def compiled_spark_home(python: str | None) -> Path | None:
         if not (mirror / "jars").exists():
             return None
     return mirror
+
+
+def _link_entries(source: Path, target: Path, but: str) -> None:
+    """`target` holding a symlink to every entry of `source` except the one named `but`."""
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in source.iterdir():
+        if entry.name != but:
+            (target / entry.name).symlink_to(entry)
 
 
 def build_spark(
@@ -132,7 +135,7 @@ def build_spark(
     if (
         not under_spark_submit
         and settings.get("spark.master", "").startswith("local")
-        and (not chosen or Path(chosen).resolve() == _pyspark_package())
+        and (not chosen or Path(chosen).resolve() == pyspark_package())
     ):
         # Only for a local JVM, where every Python process Spark starts runs the interpreter
         # below (executors elsewhere have their own SPARK_HOME), and never instead of another

@@ -49,7 +49,7 @@ from pathlib import Path
 
 from eos.errors import EnvironmentProblem
 from eos.paths import eos_home
-from eos.sparksession import compiled_spark_home
+from eos.sparksession import compiled_spark_home, pyspark_package
 from eos_ops import jvm
 from eos_ops.jvm import port_is_free
 
@@ -109,9 +109,7 @@ def tail(path: Path, lines: int = 30) -> str:
 
 def spark_home() -> Path:
     """The installed `pyspark` package: the PyPI wheel is a complete Spark distribution."""
-    import pyspark
-
-    home = Path(pyspark.__file__).resolve().parent
+    home = pyspark_package()
     for needed in ("bin/spark-class", "bin/spark-submit", "jars"):
         if not (home / needed).exists():
             raise EnvironmentProblem(
