@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import random
 import re
 import shutil
 import signal
@@ -17,7 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from eos.errors import EnvironmentProblem
@@ -133,15 +134,49 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct free TCP ports (all held open at once while choosing, so none repeats)."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((host, 0))
-            ports.append(sock.getsockname()[1])
-    return ports
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (and of bind to port 0)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def daemon_port_pool() -> range:
+    """Where the local daemons' ports come from: below the kernel's ephemeral range when there is room.
+
+    Why not bind(0): that gives an ephemeral port, and the kernel hands those out on its own. A
+    daemon's port stays fixed across its restarts (its clients and the pipelines' configs know it),
+    and while it is down any outgoing connection, or any other process's bind(0), may be given that
+    very port: then the daemon cannot come back (seen in CI: a restarted NameNode found its RPC port
+    taken). A port outside that range is only ever taken by someone asking for it by number."""
+    low, _ = ephemeral_range()
+    return range(10000, low) if low - 10000 > 1000 else range(low, 65536)
+
+
+def free_ports(count: int, host: str = "127.0.0.1", avoid: Iterable[int] = ()) -> list[int]:
+    """`count` distinct TCP ports from `daemon_port_pool()`, free right now and none of them in `avoid`."""
+    taken, pool = set(avoid), daemon_port_pool()
+    ports: list[int] = []
+    for _ in range(20 * count + 100):
+        port = random.choice(pool)
+        if port not in taken and port_is_free(host, port):
+            taken.add(port)
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise EnvironmentProblem(f"could not find {count} free TCP ports on {host} in {pool.start}-{pool.stop - 1}")
+
+
+def free_port_run(span: int, host: str = "127.0.0.1") -> int:
+    """The first of `span` adjacent TCP ports from `daemon_port_pool()` that are all free right now."""
+    pool = daemon_port_pool()
+    for _ in range(200):
+        port = random.randrange(pool.start, pool.stop - span + 1)
+        if all(port_is_free(host, port + i) for i in range(span)):
+            return port
+    raise EnvironmentProblem(f"could not find {span} adjacent free TCP ports on {host} in {pool.start}-{pool.stop - 1}")
 
 
 def port_answers(host: str, port: int, timeout: float = 0.5) -> bool:

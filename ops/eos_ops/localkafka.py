@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import string
 import subprocess
 import time
@@ -92,14 +91,9 @@ def java_classpath(progress: Progress = _quiet) -> str:
 
 def free_port(host: str = "127.0.0.1", span: int = 2) -> int:
     """A free TCP port such that the `span` ports from it are all free: the single broker needs two
-    (client, controller), a LocalCluster six."""
-    for _ in range(200):
-        with socket.socket() as sock:
-            sock.bind((host, 0))
-            port = sock.getsockname()[1]
-        if port + span - 1 <= 65535 and all(port_is_free(host, port + i) for i in range(1, span)):
-            return port
-    raise EnvironmentProblem(f"could not find {span} adjacent free TCP ports on {host}")
+    (client, controller), a LocalCluster six. Outside the ephemeral range (see jvm.daemon_port_pool):
+    a broker restarts on the same ports."""
+    return jvm.free_port_run(span, host)
 
 
 def kafka_uuid() -> str:

@@ -276,10 +276,9 @@ def port_is_free(port: int, host: str = HOST) -> bool:
 
 
 def free_port(host: str = HOST) -> int:
-    """A TCP port on loopback that is free right now."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A TCP port on loopback that is free right now, outside the ephemeral range (see
+    jvm.daemon_port_pool): a server restarts on the same port."""
+    return jvm.free_ports(1, host)[0]
 
 
 # Connection failures that waiting will not cure (all others: the server is not up yet).

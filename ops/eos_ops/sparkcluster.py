@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import re
 import signal
 import subprocess
@@ -122,35 +121,6 @@ def spark_home() -> Path:
 def check_java() -> None:
     """Spark 4 needs Java 17 or later; say so before three JVMs fail to start."""
     jvm.find_java("a Spark cluster")
-
-
-def ephemeral_range() -> tuple[int, int]:
-    """The kernel's range for the local ports of outgoing connections (and of bind to port 0)."""
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def free_ports(host: str, count: int, avoid: Iterable[int] = ()) -> list[int]:
-    """`count` distinct free TCP ports on `host`, none of them in `avoid`.
-
-    Chosen below the ephemeral range when there is room: a port picked now is bound by a JVM
-    seconds later, and in between any outgoing connection on the machine may take an ephemeral
-    port as its local one."""
-    taken = set(avoid)
-    low, _ = ephemeral_range()
-    pool = range(10000, low) if low - 10000 > 1000 else range(low, 65536)
-    ports: list[int] = []
-    for _ in range(20 * count + 100):
-        port = random.choice(pool)
-        if port not in taken and port_is_free(host, port):
-            taken.add(port)
-            ports.append(port)
-            if len(ports) == count:
-                return ports
-    raise EnvironmentProblem(f"could not find {count} free TCP ports on {host}")
 
 
 class PortTaken(EnvironmentProblem):
@@ -552,7 +522,7 @@ class LocalSparkCluster:
 
     def _start_master(self, timeout: float, progress: Progress) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        port, webui_port, *worker_ports = free_ports(self.host, 2 + 2 * self.workers)
+        port, webui_port, *worker_ports = jvm.free_ports(2 + 2 * self.workers, self.host)
         self._state = {
             "host": self.host,
             "master_port": port,
@@ -605,7 +575,7 @@ class LocalSparkCluster:
         taken = {self.master_port, self.master_webui_port} | {p for w in self._worker_ports() for p in w.values()}
         for key in ("port", "webui_port"):
             if fresh_ports or not port_is_free(self.host, ports[key]):
-                ports[key] = free_ports(self.host, 1, avoid=taken)[0]
+                ports[key] = jvm.free_ports(1, self.host, avoid=taken)[0]
                 taken.add(ports[key])
         self._state["workers"][index] = ports
         self._write_state()

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from eos_ops import jvm
 from eos_ops.hdfs import RESTART_TOLERANT_CLIENT, LocalHdfs, hadoop_version
 from tests.support_hdfs import missing_classes
 
@@ -505,3 +506,12 @@ class session_settings:
 
 def test_the_daemons_never_missed_a_class(hdfs: LocalHdfs):
     assert missing_classes(hdfs) == []
+
+
+def test_the_daemons_listen_outside_the_ephemeral_port_range(hdfs: LocalHdfs):
+    """A restarted NameNode binds its old port again. Were it an ephemeral port, any outgoing
+    connection or bind(0) on the machine could be given it while the NameNode is down (seen once
+    in CI: "port ... (namenode) is in use by another process" at a restart under a running job)."""
+    low, high = jvm.ephemeral_range()
+    ports = vars(hdfs.ports())
+    assert ports and all(not low <= port <= high for port in ports.values()), ((low, high), ports)
