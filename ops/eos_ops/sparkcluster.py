@@ -750,14 +750,20 @@ class LocalSparkCluster:
                 found.append(pid)
         return found
 
-    def stop(self, timeout: float = 20.0, progress: Progress = _quiet) -> bool:
-        """Stops drivers started by `submit`, the workers (which stop their executors), the master,
-        and anything left under the workers' folders. Idempotent; False if nothing was running."""
-        drivers = [proc for proc in self._submissions if proc.poll() is None]
-        for proc in drivers:
+    def kill_submissions(self) -> list[int]:
+        """SIGKILLs every driver `submit` started that still runs (its whole process group), so an
+        application a failed caller left behind does not keep the cluster's cores. Returns their pids."""
+        running = [proc for proc in self._submissions if proc.poll() is None]
+        for proc in running:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        return [proc.pid for proc in running]
+
+    def stop(self, timeout: float = 20.0, progress: Progress = _quiet) -> bool:
+        """Stops drivers started by `submit`, the workers (which stop their executors), the master,
+        and anything left under the workers' folders. Idempotent; False if nothing was running."""
+        self.kill_submissions()
         workers = [pid for index in range(len(self._worker_ports())) if (pid := self.worker_pid(index))]
         master = self.master_pid()
         daemons = [*workers, *([master] if master else [])]

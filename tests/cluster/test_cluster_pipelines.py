@@ -31,6 +31,16 @@ JOB = Path(eos.job.__file__)
 SUBMIT_CONF = {**QUICK_START_CONF, "spark.sql.shuffle.partitions": "2"}
 
 
+@pytest.fixture(autouse=True)
+def _no_job_outlives_its_test(spark_cluster):
+    """A test that fails while its submitted job runs must not leave that job holding the shared
+    cluster's cores: the next tests' jobs would wait for executors until they time out. (Not for
+    tests/cluster as a whole: test_spark_cluster.py keeps one application across its tests.)"""
+    yield
+    if left := spark_cluster.kill_submissions():
+        print(f"killed spark-submit processes {left}, which outlived their test")
+
+
 def _check(bootstrap: str, source: str, sink: str, sent: list[str]) -> None:
     report = eos_verify("--bootstrap", bootstrap, "--input", source, "--output", sink)
     assert report["ok"] and report["lost"] == report["duplicated"] == report["unexpected"] == 0, report
