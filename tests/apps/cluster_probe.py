@@ -53,11 +53,16 @@ def executor_info() -> dict:
     return {"executor_pid": None, "executor_id": "driver", "host": None, "executor_cwd": None}
 
 
-def _write_json(path: Path, document: dict) -> None:
+def _write_atomically(path: Path, text: str) -> None:
+    """Readers poll for these files from other processes: they must never see one half written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(document))
+    partial.write_text(text)
     partial.rename(path)
+
+
+def _write_json(path: Path, document: dict) -> None:
+    _write_atomically(path, json.dumps(document))
 
 
 def linger(out: Path, partition: int, task_returned_at: float) -> None:
@@ -146,7 +151,8 @@ def run_round(spark, out: Path, rows: int, partitions: int, sleep_s: float, with
     started = time.monotonic()
     result = df.mapInArrow(make_probe(out, sleep_s, with_linger), SCHEMA).collect()
     job_s = time.monotonic() - started
-    (out / "job-done").write_text(repr(time.time()))
+    # Atomically: a lingering thread that saw an empty job-done once failed to parse it (CI).
+    _write_atomically(out / "job-done", repr(time.time()))
     lingerers = wait_for_lingerers(out, partitions) if with_linger else []
     ids = sorted(row.id for row in result)
     keys = ("partition", "attempt", "python_pid", "executor_pid", "executor_id", "host", "executor_cwd")
