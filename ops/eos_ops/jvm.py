@@ -208,8 +208,13 @@ def pid_from_file(pid_file: Path, *markers: str) -> int | None:
 
 
 def alive(pid: int) -> bool:
-    """True while the process runs; a zombie child of ours counts as gone (and is reaped).
-    Also for a process of another account (a server run as an unprivileged user)."""
+    """True until the process is gone: all its threads have exited and with them its sockets and
+    files. Also for a process of another account (a server run as an unprivileged user).
+
+    A zombie main thread is not enough: a JVM's main thread exits (state Z in /proc/PID/stat)
+    while its other threads still tear down, holding its listening sockets for tens of ms more,
+    longer on a busy machine. Measured on a SIGTERMed NameNode: Z at 0.35 s, its RPC port free
+    at 0.37 s. Calling it gone at the first Z made a restart find its own port "in use" (CI)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -220,11 +225,15 @@ def alive(pid: int) -> bool:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return False
-    if state == "Z":
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        return False
-    return True
+    if state != "Z":
+        return True
+    try:  # our child: the kernel lets us reap it only once every thread is gone
+        return os.waitpid(pid, os.WNOHANG)[0] == 0
+    except ChildProcessError:  # someone else's: gone when no thread but the zombie is left
+        try:
+            return len(os.listdir(f"/proc/{pid}/task")) > 1
+        except OSError:
+            return False
 
 
 def terminate(pid: int, timeout: float = 60.0, kill: bool = False) -> bool:

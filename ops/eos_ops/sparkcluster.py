@@ -50,7 +50,7 @@ from eos.errors import EnvironmentProblem
 from eos.paths import eos_home
 from eos.sparksession import compiled_spark_home, pyspark_package
 from eos_ops import jvm
-from eos_ops.jvm import port_is_free
+from eos_ops.jvm import alive, port_is_free
 
 Progress = Callable[[str], None]
 
@@ -183,18 +183,6 @@ def descendants(pid: int, children: Mapping[int, list[int]] | None = None) -> li
         found.append(child)
         todo.extend(tree.get(child, []))
     return found
-
-
-def alive(pid: int) -> bool:
-    """True unless the process is gone; a zombie counts as gone (and is reaped if it is our child)."""
-    stat = _stat(pid)
-    if stat is None:
-        return False
-    if stat[0] == "Z":
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
-        return False
-    return True
 
 
 def _signal_all(pids: Iterable[int], sig: signal.Signals) -> None:
