@@ -149,8 +149,8 @@ def daemon_port_pool() -> range:
     Why not bind(0): that gives an ephemeral port, and the kernel hands those out on its own. A
     daemon's port stays fixed across its restarts (its clients and the pipelines' configs know it),
     and while it is down any outgoing connection, or any other process's bind(0), may be given that
-    very port: then the daemon cannot come back (seen in CI: a restarted NameNode found its RPC port
-    taken). A port outside that range is only ever taken by someone asking for it by number."""
+    very port: then the daemon cannot come back. A port outside that range is only ever taken by
+    someone asking for it by number."""
     low, _ = ephemeral_range()
     return range(10000, low) if low - 10000 > 1000 else range(low, 65536)
 

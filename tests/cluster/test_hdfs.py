@@ -510,8 +510,7 @@ def test_the_daemons_never_missed_a_class(hdfs: LocalHdfs):
 
 def test_the_daemons_listen_outside_the_ephemeral_port_range(hdfs: LocalHdfs):
     """A restarted NameNode binds its old port again. Were it an ephemeral port, any outgoing
-    connection or bind(0) on the machine could be given it while the NameNode is down (seen once
-    in CI: "port ... (namenode) is in use by another process" at a restart under a running job)."""
+    connection or bind(0) on the machine could be given it while the NameNode is down."""
     low, high = jvm.ephemeral_range()
     ports = vars(hdfs.ports())
     assert ports and all(not low <= port <= high for port in ports.values()), ((low, high), ports)

@@ -1,7 +1,6 @@
 """Ports for the local daemons (Kafka, HDFS, PostgreSQL, the Spark cluster) lie outside the kernel's
 ephemeral range. A daemon keeps its port across restarts; while it is down the kernel may give an
-ephemeral port to any outgoing connection or bind(0), and then the daemon cannot come back. In CI a
-NameNode restarted under a running job found its RPC port (chosen with bind(0)) taken that way."""
+ephemeral port to any outgoing connection or bind(0), and then the daemon cannot come back."""
 
 from __future__ import annotations
 
