@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import random
 import re
@@ -236,21 +237,30 @@ def alive(pid: int) -> bool:
             return False
 
 
+def wait_gone(pids: Iterable[int], timeout: float = math.inf) -> list[int]:
+    """Wait until every pid is gone (see alive); returns those still alive after `timeout`.
+
+    Looks once more at the deadline, so a timeout of 0 is a plain check."""
+    remaining = list(pids)
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = [pid for pid in remaining if alive(pid)]
+        if not remaining or time.monotonic() >= deadline:
+            return remaining
+        time.sleep(0.05)
+
+
 def terminate(pid: int, timeout: float = 60.0, kill: bool = False) -> bool:
     """SIGTERM (a clean shutdown) or SIGKILL (a crash) and wait until gone.
 
     Escalates to SIGKILL after `timeout`. Returns True if it had to escalate."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and alive(pid):
-        time.sleep(0.1)
-    if not alive(pid):
+    if not wait_gone([pid], timeout):
         return False
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    while alive(pid):
-        time.sleep(0.1)
+    wait_gone([pid])
     return True
 
 

@@ -8,6 +8,7 @@ a background JVM with a small heap. `eos kafka start|stop|status` drives this mo
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -280,14 +281,11 @@ class KafkaNode:
 
     def wait_gone(self, pid: int, timeout: float, progress: Progress = _quiet) -> None:
         """Wait for `pid` to exit, SIGKILL it after `timeout`; then forget the pid file."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and jvm.alive(pid):
-            time.sleep(0.1)
-        if jvm.alive(pid):
+        if jvm.wait_gone([pid], timeout):
             progress(f"{self.name} did not stop within {timeout:.0f} s; killing it.")
-            os.kill(pid, signal.SIGKILL)
-            while jvm.alive(pid):
-                time.sleep(0.1)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            jvm.wait_gone([pid])
         self.pid_file.unlink(missing_ok=True)
 
 

@@ -54,7 +54,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import tempfile
@@ -265,16 +264,6 @@ def _server_env() -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def port_is_free(port: int, host: str = HOST) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def free_port(host: str = HOST) -> int:
     """A TCP port on loopback that is free right now, outside the ephemeral range (see
     jvm.daemon_port_pool): a server restarts on the same port."""
@@ -317,15 +306,6 @@ def _children(pid: int) -> list[int]:
             if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
                 found.append(int(entry.name))
     return found
-
-
-def _wait_gone(pids: list[int], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while any(jvm.alive(pid) for pid in pids):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,7 +456,7 @@ class LocalPostgres:
         with self._start_lock():
             if self.pid() is not None:
                 return self._already_running(timeout, progress)
-            if not port_is_free(self.port, self.host):
+            if not jvm.port_is_free(self.host, self.port):
                 raise EnvironmentProblem(
                     f"port {self.port} on {self.host} is already in use by another process.",
                     hint="choose another port (LocalPostgres(port=...), e.g. eos_ops.localpg.free_port())",
@@ -663,7 +643,7 @@ class LocalPostgres:
                 return True
             except subprocess.TimeoutExpired:
                 return False
-        return _wait_gone([pid], timeout)
+        return not jvm.wait_gone([pid], timeout)
 
     def _kill_tree(self, pid: int, timeout: float) -> None:
         # The postmaster's children call setsid(), so no process group covers them all. Stopped,
@@ -674,5 +654,5 @@ class LocalPostgres:
         for each in [pid, *children]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(each, signal.SIGKILL)
-        if not (self._wait_exit(pid, timeout) and _wait_gone(children, timeout)):
+        if not (self._wait_exit(pid, timeout) and not jvm.wait_gone(children, timeout)):
             raise EnvironmentProblem(f"PostgreSQL processes of {self.pgdata} survived SIGKILL for {timeout:.0f} s")

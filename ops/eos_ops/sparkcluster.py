@@ -191,17 +191,6 @@ def _signal_all(pids: Iterable[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
-def _wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
-    """Waits until every pid is gone; returns those still alive at the deadline."""
-    remaining = list(pids)
-    deadline = time.monotonic() + timeout
-    while remaining and time.monotonic() < deadline:
-        remaining = [pid for pid in remaining if alive(pid)]
-        if remaining:
-            time.sleep(0.05)
-    return remaining
-
-
 # ---------------------------------------------------------------------------------------------
 # spark-submit
 # ---------------------------------------------------------------------------------------------
@@ -626,7 +615,7 @@ class LocalSparkCluster:
         victims = [pid, *executors, *(child for executor in executors for child in descendants(executor, tree))]
         _signal_all(victims, signal.SIGKILL)
         self._reap(f"worker-{index}")
-        left = _wait_gone(victims, timeout)
+        left = jvm.wait_gone(victims, timeout)
         if left:
             raise EnvironmentProblem(f"processes {left} of Spark worker {index} survived SIGKILL for {timeout:.0f} s")
         self.pid_file(f"worker-{index}").unlink(missing_ok=True)
@@ -765,14 +754,14 @@ class LocalSparkCluster:
             progress(f"No Spark cluster running for {self.workdir}.")
             return False
         _signal_all(daemons, signal.SIGTERM)  # workers kill their executors on shutdown
-        left = _wait_gone(daemons, timeout)
+        left = jvm.wait_gone(daemons, timeout)
         if left:
             progress(f"Spark daemons {left} did not stop within {timeout:.0f} s; killing them.")
         stragglers = {pid for pid in everything | set(self._leftovers()) if alive(pid)}
         _signal_all(stragglers, signal.SIGKILL)
         for name in list(self._procs):
             self._reap(name)
-        left = _wait_gone(stragglers, 10)
+        left = jvm.wait_gone(stragglers, 10)
         if left:
             raise EnvironmentProblem(f"Spark processes {left} of {self.workdir} survived SIGKILL")
         self._forget_pids()
