@@ -25,6 +25,8 @@ import json
 import re
 from collections.abc import Iterator
 
+from eos.workergc import freeze_new_imports
+
 
 class EosError(Exception):
     """An error the user can act on."""
@@ -120,7 +122,10 @@ class TaskError(RuntimeError):
 
 @contextlib.contextmanager
 def crossing() -> Iterator[None]:
-    """Wrap task-side code: an EosError leaves the task as a TaskError carrying its envelope."""
+    """Wrap task-side code: an EosError leaves the task as a TaskError carrying its envelope.
+    Also where a Python worker keeps its imports out of the collection after each task
+    (eos.workergc)."""
+    freeze_new_imports()
     try:
         yield
     except EosError as error:
