@@ -100,6 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
+def merge_source(json_path: Path, quick: bool) -> Path | None:
+    """The results a `--merge` run keeps its other sections from: this checkout's last run, else
+    (a fresh clone: bench/results is gitignored) the tracked copy behind docs/BENCHMARKS.md.
+    Without either, a merge would rewrite the docs with only the sections it ran."""
+    if json_path.exists():
+        return json_path
+    return None if quick or not DOC_JSON.exists() else DOC_JSON
+
+
 def run(args: argparse.Namespace, sections: tuple[str, ...], json_path: Path) -> dict[str, Any]:
     from bench.connector import connector_jars
     from bench.context import FULL, QUICK, Bench, remove, work_dir
@@ -121,8 +130,10 @@ def run(args: argparse.Namespace, sections: tuple[str, ...], json_path: Path) ->
         progress.exclude(float(quiet["waited_s"]))
     results: dict[str, Any] = {}
     earlier = None
-    if args.merge and json_path.exists():
-        results = json.loads(json_path.read_text())
+    merge_from = merge_source(json_path, plan.quick) if args.merge else None
+    if merge_from is not None:
+        progress.say(f"merging into the results of {merge_from}")
+        results = json.loads(merge_from.read_text())
         earlier = results.get("meta")  # the run the other sections come from: the report names both
     started_at = datetime.now(timezone.utc)
     results["meta"] = {

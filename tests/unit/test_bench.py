@@ -169,3 +169,19 @@ def test_a_merged_report_names_the_run_each_section_comes_from() -> None:
     assert "postgres re-run by `python -m bench --sections postgres --merge` on D2" in report._merged(merge)
     assert report.run_of(merge, "peers") is full and report.run_of(merge, "postgres") is merge
     assert report._first_run(merge) is full
+
+
+def test_a_merge_on_a_fresh_clone_keeps_the_other_sections_from_the_tracked_results(tmp_path, monkeypatch) -> None:
+    # bench/results is gitignored: without this, `--merge` on a fresh clone rewrote
+    # docs/BENCHMARKS.md with only the sections it ran.
+    tracked = tmp_path / "benchmarks.json"
+    tracked.write_text("{}")
+    monkeypatch.setattr(cli, "DOC_JSON", tracked)
+    latest = tmp_path / "latest.json"
+    assert cli.merge_source(latest, quick=False) == tracked
+    assert cli.merge_source(latest, quick=True) is None  # quick runs never merge into the docs' figures
+    latest.write_text("{}")
+    assert cli.merge_source(latest, quick=False) == latest
+    tracked.unlink()
+    latest.unlink()
+    assert cli.merge_source(latest, quick=False) is None
