@@ -10,10 +10,12 @@ collection after the slot task was most of the commit step (release -> commit re
 `freeze_new_imports()` runs at the start of every eos task-side call (eos.errors.crossing). When
 modules were imported since the last time (the first task in a process, or the first of a kind),
 it moves every object alive now into the permanent generation (`gc.freeze()`), which collections
-skip. The daemon collected after the previous task, so what is alive now is reachable; what a
-task creates later is collected as before. Frozen objects are still freed by reference counting;
-only a reference cycle alive at a freeze stays until the process ends, and freezes happen only
-while the set of imported modules grows (a handful per process).
+skip. At a task's first call the daemon has just collected after the previous task, so what is
+alive is reachable; a later call in the same task (a codec UDF's next batch) freezes only if that
+task imported something meanwhile, and then may also freeze the task's own objects. Frozen objects
+are still freed by reference counting; only a reference cycle alive at a freeze stays until the
+process ends, and freezes happen only while the set of imported modules grows (a handful per
+process). What a task creates after the last freeze is collected as before.
 """
 
 from __future__ import annotations
