@@ -250,18 +250,25 @@ def wait_gone(pids: Iterable[int], timeout: float = math.inf) -> list[int]:
         time.sleep(0.05)
 
 
+def wait_or_kill(pid: int, timeout: float, on_kill: Callable[[], None] = lambda: None) -> bool:
+    """Wait until `pid` is gone; after `timeout`, call `on_kill`, SIGKILL it and wait again.
+    Returns True if it had to kill."""
+    if not wait_gone([pid], timeout):
+        return False
+    on_kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    wait_gone([pid])
+    return True
+
+
 def terminate(pid: int, timeout: float = 60.0, kill: bool = False) -> bool:
     """SIGTERM (a clean shutdown) or SIGKILL (a crash) and wait until gone.
 
     Escalates to SIGKILL after `timeout`. Returns True if it had to escalate."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
-    if not wait_gone([pid], timeout):
-        return False
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    wait_gone([pid])
-    return True
+    return wait_or_kill(pid, timeout)
 
 
 def spawn(cmd: list[str], log_file: Path, cwd: Path) -> subprocess.Popen:

@@ -8,7 +8,6 @@ a background JVM with a small heap. `eos kafka start|stop|status` drives this mo
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import re
@@ -281,11 +280,8 @@ class KafkaNode:
 
     def wait_gone(self, pid: int, timeout: float, progress: Progress = _quiet) -> None:
         """Wait for `pid` to exit, SIGKILL it after `timeout`; then forget the pid file."""
-        if jvm.wait_gone([pid], timeout):
-            progress(f"{self.name} did not stop within {timeout:.0f} s; killing it.")
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            jvm.wait_gone([pid])
+        late = f"{self.name} did not stop within {timeout:.0f} s; killing it."
+        jvm.wait_or_kill(pid, timeout, lambda: progress(late))
         self.pid_file.unlink(missing_ok=True)
 
 
