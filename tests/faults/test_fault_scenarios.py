@@ -104,16 +104,21 @@ def test_a_zombie_attempt_is_fenced_and_commits_nothing(bootstrap, new_topic, un
     """Slot 1 of epoch 1's first attempt stalls after the decision, before committing (in the
     worker thread that holds its transaction). The driver waits for its commit report until the
     epoch times out, fences every id and runs attempt 2, which commits. The stalled thread wakes
-    up, tries to commit, and is refused."""
+    up, tries to commit, and is refused.
+
+    The zombie must wake while the run still goes on, whatever the speed of the epochs. It sleeps
+    16 s from the decision (t0). The driver fences at t0 + 8 s (the timeout); the 19 epochs after
+    epoch 1 (3000 records, 150 per epoch) each wait min_pause = 1 s after the one before, so the
+    run ends after t0 + 27 s at the earliest: 11 s to spare, and 8 s for the fencing."""
     source, sink = new_topic(partitions=2), new_topic(partitions=2)
     produce_numbered(bootstrap, source, 0, 3000)
     name = unique_name("p")
     config = passthrough_pipeline(
-        name, bootstrap, source, sink, tmp_path / "ck", max_records_per_epoch=200, timeout="8s", min_pause="1s"
+        name, bootstrap, source, sink, tmp_path / "ck", max_records_per_epoch=150, timeout="8s", min_pause="1s"
     )
     path = write_pipeline(tmp_path, config)
     finished = eos_subprocess(
-        "run", str(path), "--failpoint", "sink.after_agreement=pause(25)@epoch=1,slot=1,attempt=1", timeout=600
+        "run", str(path), "--failpoint", "sink.after_agreement=pause(16)@epoch=1,slot=1,attempt=1", timeout=600
     )
     assert finished.returncode == 0, finished.output[-4000:]
     assert "epoch 1 attempt 1 ABORTED" in finished.output
