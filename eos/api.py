@@ -3,59 +3,102 @@
 Connectors (the `eos_connectors` package, or a third party's) import from here only; the core
 finds them by kind through `eos.registry` and never imports them. See eos/protocol/sink.py for
 what a two-phase-commit sink implements and eos/protocol/source.py for a re-settable source.
+
+Names load on first use (PEP 562): Spark starts a fresh Python process for every scan of a
+source at every query start, and the read side needs only errors and failpoints, not the
+configuration models (pydantic, ~0.1 s to import).
 """
 
-from eos.errors import (
-    CheckpointError,
-    ConfigError,
-    DependencyUnavailable,
-    DriverFenced,
-    EnvironmentProblem,
-    EosError,
-    Permanent,
-    PoisonRecord,
-    Retriable,
-    SlotAborted,
-    SourceFailed,
-    crossing,
-    to_wire,
-)
-from eos.failpoints import Failpoints
-from eos.failpoints import parse as parse_failpoints
-from eos.model import NAME, SECRET_KEY, SINK_NAME, VIEW, ClientValue, Duration, Model, parse_duration, redacted
-from eos.paths import eos_home, ops_dir, schemas_dir
-from eos.protocol.decision import ControlLog, ControlState, Decision, DriverInfo, Pool, decode, encode
-from eos.protocol.ledger import Ledger, LedgerEntry
-from eos.protocol.sink import (
-    Lease,
-    PipelineInfo,
-    Prepared,
-    Recovery,
-    SinkConnector,
-    SinkEntry,
-    SlotContext,
-    SlotWriter,
-    WriterFactory,
-)
-from eos.protocol.source import (
-    ERROR,
-    POISON_COLUMNS,
-    RAW_KEY,
-    RAW_VALUE,
-    PartitionLag,
-    SourceConnector,
-    SourceEntry,
-    StreamOptions,
-    WatermarkConfig,
-)
-from eos.registry import Connector
+# ruff: noqa: F401  (the imports under TYPE_CHECKING are re-exports, listed in __all__ at run time)
 
-__all__ = [
-    "ERROR", "NAME", "POISON_COLUMNS", "RAW_KEY", "RAW_VALUE", "SECRET_KEY", "SINK_NAME", "VIEW", "CheckpointError",
-    "ClientValue", "ConfigError", "Connector", "ControlLog", "ControlState", "Decision", "DependencyUnavailable",
-    "DriverFenced", "DriverInfo", "Duration", "EnvironmentProblem", "EosError", "Failpoints", "Lease", "Ledger",
-    "LedgerEntry", "Model", "PartitionLag", "Permanent", "PipelineInfo", "PoisonRecord", "Pool", "Prepared", "Recovery",
-    "Retriable", "SinkConnector", "SinkEntry", "SlotAborted", "SlotContext", "SlotWriter", "SourceConnector",
-    "SourceEntry", "SourceFailed", "StreamOptions", "WatermarkConfig", "WriterFactory", "crossing", "decode",
-    "encode", "eos_home", "ops_dir", "parse_duration", "parse_failpoints", "redacted", "schemas_dir", "to_wire",
-]  # fmt: skip
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the same names, for type checkers and editors (re-exports: see __all__)
+    from eos.errors import (
+        CheckpointError,
+        ConfigError,
+        DependencyUnavailable,
+        DriverFenced,
+        EnvironmentProblem,
+        EosError,
+        Permanent,
+        PoisonRecord,
+        Retriable,
+        SlotAborted,
+        SourceFailed,
+        crossing,
+        to_wire,
+    )
+    from eos.failpoints import Failpoints
+    from eos.failpoints import parse as parse_failpoints
+    from eos.model import NAME, SECRET_KEY, SINK_NAME, VIEW, ClientValue, Duration, Model, parse_duration, redacted
+    from eos.paths import eos_home, ops_dir, schemas_dir
+    from eos.protocol.decision import ControlLog, ControlState, Decision, DriverInfo, Pool, decode, encode
+    from eos.protocol.ledger import Ledger, LedgerEntry
+    from eos.protocol.sink import (
+        Lease,
+        PipelineInfo,
+        Prepared,
+        Recovery,
+        SinkConnector,
+        SinkEntry,
+        SlotContext,
+        SlotWriter,
+        WriterFactory,
+    )
+    from eos.protocol.source import (
+        ERROR,
+        POISON_COLUMNS,
+        RAW_KEY,
+        RAW_VALUE,
+        PartitionLag,
+        SourceConnector,
+        SourceEntry,
+        StreamOptions,
+        WatermarkConfig,
+    )
+    from eos.registry import Connector
+
+# Where each name lives (the same as the imports above; a test keeps the two equal).
+# fmt: off
+_MODULES = {
+    "eos.errors": (
+        "CheckpointError", "ConfigError", "DependencyUnavailable", "DriverFenced", "EnvironmentProblem", "EosError",
+        "Permanent", "PoisonRecord", "Retriable", "SlotAborted", "SourceFailed", "crossing", "to_wire",
+    ),
+    "eos.failpoints": ("Failpoints",),
+    "eos.model": (
+        "NAME", "SECRET_KEY", "SINK_NAME", "VIEW", "ClientValue", "Duration", "Model", "parse_duration", "redacted",
+    ),
+    "eos.paths": ("eos_home", "ops_dir", "schemas_dir"),
+    "eos.protocol.decision": ("ControlLog", "ControlState", "Decision", "DriverInfo", "Pool", "decode", "encode"),
+    "eos.protocol.ledger": ("Ledger", "LedgerEntry"),
+    "eos.protocol.sink": (
+        "Lease", "PipelineInfo", "Prepared", "Recovery", "SinkConnector", "SinkEntry", "SlotContext", "SlotWriter",
+        "WriterFactory",
+    ),
+    "eos.protocol.source": (
+        "ERROR", "POISON_COLUMNS", "RAW_KEY", "RAW_VALUE", "PartitionLag", "SourceConnector", "SourceEntry",
+        "StreamOptions", "WatermarkConfig",
+    ),
+    "eos.registry": ("Connector",),
+}
+# fmt: on
+_RENAMED = {"parse_failpoints": ("eos.failpoints", "parse")}
+_WHERE = {name: (module, name) for module, names in _MODULES.items() for name in names} | _RENAMED
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _WHERE[name]
+    value = getattr(import_module(module), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -12,10 +12,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eos.api import ConfigError
 from eos_connectors.formats.avro_schema import load_avsc, record_fields_ddl, spark_type
-from eos_connectors.formats.config import FormatConfig
+
+if TYPE_CHECKING:  # the read side imports this package too: the config models (pydantic) stay out of it
+    from eos_connectors.formats.config import FormatConfig
 
 
 def check_formats(owner: str, formats: dict[str, FormatConfig], base_dir: Path | None = None) -> None:
@@ -34,4 +37,4 @@ def check_formats(owner: str, formats: dict[str, FormatConfig], base_dir: Path |
             raise ConfigError(f"{owner}: {which}: {exc.message}", exc.hint) from None
 
 
-__all__ = ["FormatConfig", "check_formats", "load_avsc", "spark_type"]
+__all__ = ["check_formats", "load_avsc", "spark_type"]
