@@ -192,6 +192,10 @@ class ProgressPrinter(EpochListener):
         self._print(line)
 
 
+def _key(progress: dict[str, Any]) -> tuple[str, int]:
+    return str(progress.get("runId")), int(progress.get("batchId", -1))
+
+
 class SparkProgressBridge(StreamingQueryListener):
     """Forwards Spark's per-batch progress (a dict) to every listener with on_spark_progress,
     once per (run, batch)."""
@@ -204,7 +208,7 @@ class SparkProgressBridge(StreamingQueryListener):
 
     def deliver(self, progress: dict[str, Any]) -> bool:
         """Hand one progress to the listeners unless it was delivered before."""
-        key = (str(progress.get("runId")), int(progress.get("batchId", -1)))
+        key = _key(progress)
         with self._lock:
             if key in self._seen:
                 return False
@@ -231,17 +235,14 @@ class SparkProgressBridge(StreamingQueryListener):
         deliveries in progress to end. Returns how many it fed."""
         deadline = time.monotonic() + wait_s
         fed = 0
-        while True:
-            try:
-                recent = [json.loads(p.json) for p in query.recentProgress]
-            except Exception:
-                log.exception("cannot read the query's recent progress")
-                return fed
-            with self._lock:
-                missing = [p for p in recent if (str(p.get("runId")), int(p.get("batchId", -1))) not in self._seen]
-            if not missing or time.monotonic() >= deadline:
-                break
-            time.sleep(0.1)
+        try:
+            recent = {_key(p): p for p in (json.loads(p.json) for p in query.recentProgress)}
+        except Exception:
+            log.exception("cannot read the query's recent progress")
+            return fed
+        with self._lock:  # every delivery notifies: no polling interval added to a stop
+            self._lock.wait_for(lambda: recent.keys() <= self._seen, timeout=wait_s)
+            missing = [p for key, p in recent.items() if key not in self._seen]
         for progress in missing:
             fed += self.deliver(progress)
         # A delivery the bus started may still run: let it finish before the run closes the

@@ -129,7 +129,10 @@ class Coordinator:
 
         self._server = Server((bind_host, port), Handler)
         self.address = CoordinatorAddress(advertise_host, self._server.server_address[1], self.token)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="eos-coordinator", daemon=True)
+        # serve_forever checks for shutdown() between polls: 0.5 s by default, paid at every stop.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name="eos-coordinator", daemon=True
+        )
         self._thread.start()
 
     def close(self) -> None:
