@@ -312,6 +312,7 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
             coordinator=coordinator,
             pools=state.pools,
             tolerable_failures=config.epochs.tolerable_failures,
+            taken_over=state if control is not None else None,
             min_pause_s=config.epochs.min_pause,
             failpoints=failpoints,
             listeners=listeners,

@@ -35,7 +35,7 @@ from eos.failpoints import Failpoints
 from eos.protocol import recovery
 from eos.protocol.checkpoint import Checkpoint
 from eos.protocol.coordinator import Coordinator
-from eos.protocol.decision import ControlLog, Decision, Pool
+from eos.protocol.decision import ControlLog, ControlState, Decision, Pool
 from eos.protocol.ledger import Ledger, committed_slots
 from eos.protocol.plan import EpochPlan, SinkPlan
 from eos.protocol.report import (
@@ -84,6 +84,7 @@ class EpochCommitter:
         coordinator: Coordinator | None,
         pools: dict[str, Pool],
         tolerable_failures: int,
+        taken_over: ControlState | None = None,
         min_pause_s: float = 0.0,
         failpoints: Failpoints | None = None,
         listeners: Iterable[EpochListener] = (),
@@ -104,7 +105,11 @@ class EpochCommitter:
         self.failpoints = failpoints or Failpoints()
         self.listeners = list(listeners)
         self.run = run or uuid.uuid4().hex[:12]
-        self.decision: Decision | None = None
+        # The control log's last decision, as recovery resumes it. Known without reading the log
+        # when the take-over read it (`taken_over`: from then on only this driver writes there)
+        # and after this driver recorded one; unknown while a recording's outcome is.
+        self.decision: Decision | None = taken_over.decision if taken_over is not None else None
+        self.decision_known = taken_over is not None
         self.ledger: Ledger = {}
         self.consecutive_failures = 0
         self.last_epoch_end = 0.0
@@ -141,7 +146,9 @@ class EpochCommitter:
             # stalled while another took over must stop here: its recovery would fence the new
             # driver's transactions and read the new driver's ledger entries as its own.
             self.control.record_pools(self.pools)
-            self.decision = self.control.decision()  # the recorded one: what RESUME sinks resume
+            if not self.decision_known:  # the recorded one: what RESUME sinks resume
+                self.decision = self.control.decision()
+                self.decision_known = True
         if not self.pipeline.exactly_once:
             report = RecoveryReport(0, {}, 0.0, {}, reason)
         else:
@@ -345,12 +352,13 @@ class EpochCommitter:
             handles[p.sink].append(p.handle)
         decision = Decision(plan.epoch, plan.attempt, self.run, dict(handles))
         assert self.control is not None
+        self.decision_known = False  # until it is recorded: a failed recording may still have landed
         try:
             self.control.record_decision(decision)
         except DriverFenced as exc:
             self.fatal_error = exc
             raise
-        self.decision = decision
+        self.decision, self.decision_known = decision, True
 
     def _commit(self, plan: EpochPlan, prepared: list[Prepared]) -> None:
         """Step 5. Slot by slot while the `sink.between_commits` failpoint is armed (so a crash can
