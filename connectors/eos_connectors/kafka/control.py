@@ -49,12 +49,22 @@ class KafkaControlLog(ControlLog):
         self.timeout_s = timeout_s
         self.txid = ids.driver_id(pipeline)
         self._producer: Any = None
+        self._admin: Any = None
+
+    @property
+    def admin(self) -> Any:
+        """One admin client for every read (a new one connects first: tens of ms each, and a
+        start-up reads the log twice). Its answers are not a cache: every read waits until the
+        topic is stable."""
+        if self._admin is None:
+            self._admin = admin_client(self.client)
+        return self._admin
 
     # -- reading -------------------------------------------------------------------------------
     def _read(self, wait_s: float) -> ControlState:
-        if self.topic not in admin_client(self.client).list_topics(timeout=10).topics:
+        if self.topic not in self.admin.list_topics(timeout=10).topics:
             return ControlState()
-        latest = scan(self.client, self.topic, wait_until_stable(self.client, self.topic, wait_s))
+        latest = scan(self.client, self.topic, wait_until_stable(self.client, self.topic, wait_s, self.admin))
         records: dict[str, dict[str, Any]] = {}
         for kind in KINDS:
             record = latest.get(control_key(self.pipeline, kind))
@@ -71,7 +81,7 @@ class KafkaControlLog(ControlLog):
 
     # -- writing -------------------------------------------------------------------------------
     def take_over(self, driver: DriverInfo) -> ControlState:
-        ensure_ledger_topic(self.client, self.topic)
+        ensure_ledger_topic(self.client, self.topic, self.admin)
         self._new_producer()  # fences every earlier driver; aborts what it had open
         state = self._read(wait_s=self.timeout_s)
         self._write("driver", driver)
@@ -84,12 +94,13 @@ class KafkaControlLog(ControlLog):
         self._write("pools", {"pools": {name: asdict(pool) for name, pool in pools.items()}})
 
     def reset(self) -> None:
-        admin = admin_client(self.client)
+        admin = self.admin
         if self.topic in admin.list_topics(timeout=10).topics:
             for future in admin.delete_topics([self.topic], operation_timeout=30).values():
                 future.result()
 
     def close(self) -> None:
+        self._admin = None
         if self._producer is not None:
             with contextlib.suppress(Exception):
                 self._producer.close(5)

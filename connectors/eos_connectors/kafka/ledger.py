@@ -48,8 +48,8 @@ def control_key(pipeline: str, kind: str) -> bytes:
     return f"{pipeline}/{CONTROL}/{kind}".encode()
 
 
-def ensure_ledger_topic(client: dict[str, Any], topic: str) -> None:
-    admin = admin_client(client)
+def ensure_ledger_topic(client: dict[str, Any], topic: str, admin: Any = None) -> None:
+    admin = admin or admin_client(client)
     brokers = broker_count(admin)
     replication = min(3, brokers)
     config = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": str(6 * 3600 * 1000)}
@@ -94,11 +94,11 @@ def fence(client: dict[str, Any], transactional_ids: Iterable[str], timeout_s: f
     return time.monotonic() - started
 
 
-def wait_until_stable(client: dict[str, Any], topic: str, wait_s: float) -> dict[int, int]:
+def wait_until_stable(client: dict[str, Any], topic: str, wait_s: float, admin: Any = None) -> dict[int, int]:
     """End offsets of `topic` once nothing is open on it (the last stable offset reached the high
     watermark). Call after fencing: then nothing of this pipeline is open, and a transaction still
-    open is someone else's (bounded wait, then a clear error)."""
-    admin = admin_client(client)
+    open is someone else's (bounded wait, then a clear error). `admin`: a client to reuse."""
+    admin = admin or admin_client(client)
     partitions = {topic: describe_topics(admin, [topic])[topic].partitions}
     deadline = time.monotonic() + wait_s
     high = end_offsets(admin, partitions, read_committed=False)
