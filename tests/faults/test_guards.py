@@ -53,8 +53,8 @@ def _popen_run(path: Path, *extra: str) -> subprocess.Popen:
 def test_a_second_driver_is_refused_and_a_takeover_fences_the_first(bootstrap, new_topic, unique_name, tmp_path):
     """Driver B commits epoch 0, logs epoch 1 and stalls with its skip set read. A second driver
     is refused while B answers. Driver A then takes over (--take-over): it fences B, replays epoch
-    1 and finishes. B wakes up with a stale view, writes epoch 1 again, and cannot record a
-    decision any more: it stops with a clear error and nothing it wrote becomes visible."""
+    1 and finishes. B wakes up with a stale view, tries epoch 1 again, and cannot commit it: it
+    stops with a clear error and nothing it wrote becomes visible."""
     source, sink = new_topic(partitions=2), new_topic(partitions=2)
     sent = produce_numbered(bootstrap, source, 0, 900)
     checkpoint = tmp_path / "ck"
@@ -81,12 +81,17 @@ def test_a_second_driver_is_refused_and_a_takeover_fences_the_first(bootstrap, n
         output, _ = stalled.communicate(timeout=300)
         assert stalled.returncode != 0, output[-3000:]
         assert "another eos driver took over pipeline" in output, output[-3000:]
+        # B did try epoch 1. What its slots got to write depends on whether Spark kept B's Python
+        # workers (idle ones end after a minute): kept ones hold producers whose ids A's take-over
+        # fenced, so the broker refuses their writes; new ones initialise the ids again (A has
+        # stopped) and write, and B cannot record a decision, so the writes are aborted.
+        assert "epoch 1 attempt 1 ABORTED" in output, output[-3000:]
     finally:
         if stalled.poll() is None:
             stalled.kill()
     assert_exactly_once(sent, committed_values(bootstrap, sink))  # B's late epoch 1 never committed
     report = eos_verify("--bootstrap", bootstrap, "--input", source, "--output", sink)
-    assert report["ok"] and report["aborted_records_seen"] > 0, report  # B really wrote, uncommitted
+    assert report["ok"], report  # and nothing B wrote is visible to read_committed readers
 
 
 # ---------------------------------------------------------------------------------------------
