@@ -33,7 +33,7 @@ from eos.api import (
     encode,
 )
 from eos_connectors.kafka import ids
-from eos_connectors.kafka.clients import admin_client, is_fenced, is_indefinite, kafka_error, producer
+from eos_connectors.kafka.clients import UnknownTopic, admin_client, is_fenced, is_indefinite, kafka_error, producer
 from eos_connectors.kafka.ledger import control_key, ensure_ledger_topic, scan, wait_until_stable
 
 log = logging.getLogger("eos.control")
@@ -62,9 +62,11 @@ class KafkaControlLog(ControlLog):
 
     # -- reading -------------------------------------------------------------------------------
     def _read(self, wait_s: float) -> ControlState:
-        if self.topic not in self.admin.list_topics(timeout=10).topics:
-            return ControlState()
-        latest = scan(self.client, self.topic, wait_until_stable(self.client, self.topic, wait_s, self.admin))
+        try:  # one DescribeTopics answers both "does it exist" and "which partitions"
+            ends = wait_until_stable(self.client, self.topic, wait_s, self.admin)
+        except UnknownTopic:
+            return ControlState()  # no driver has taken this pipeline over yet
+        latest = scan(self.client, self.topic, ends)
         records: dict[str, dict[str, Any]] = {}
         for kind in KINDS:
             record = latest.get(control_key(self.pipeline, kind))
