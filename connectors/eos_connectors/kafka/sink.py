@@ -140,7 +140,7 @@ class KafkaSink(SinkConnector):
             create_topic(admin, topic, self.entry.kafka.partitions)
         if self.pipeline.exactly_once:
             self._check_transaction_timeout(admin)
-            ledger.ensure_ledger_topic(self.client, self.pipeline.ledger)
+            ledger.ensure_ledger_topic(self.client, self.pipeline.ledger, admin)
 
     def _check_transaction_timeout(self, admin: Any) -> None:
         wanted = transaction_timeout_s(self.pipeline.epoch_timeout_s)
