@@ -130,3 +130,55 @@ def test_more_slots_than_cores_runs(spark, bootstrap, new_topic, unique_name, tm
     result = run_in_process(spark, write_pipeline(tmp_path, config))
     assert result.epochs_committed == 2
     assert_exactly_once(sent, committed_values(bootstrap, sink))
+
+
+def test_a_read_task_carries_every_field_of_its_records_and_stops_at_its_planned_end(bootstrap, new_topic, unique_name):
+    """The read task's batch building on real broker messages: keys (and null keys), values,
+    offsets, timestamps and headers (and messages without any) land in their columns; a range of
+    transactional records, whose last offset is a commit marker, ends at its planned end."""
+    import pyarrow as pa
+
+    from eos_connectors.kafka.clients import consumer, producer
+    from eos_connectors.kafka.ledger import wait_until_stable
+    from eos_connectors.kafka.range_reader import read_range
+    from eos_connectors.kafka.reader import ReaderOptions, to_arrow
+
+    topic = new_topic()
+    out = producer({"bootstrap.servers": bootstrap, "transactional.id": unique_name("t")})
+    out.init_transactions(30)
+    out.begin_transaction()
+    sent = []
+    for i in range(6):
+        key = None if i == 2 else f"k{i}".encode()
+        headers = [("origin", f"h{i}".encode()), ("n", None)] if i % 3 == 0 else None
+        out.produce(topic, f"v{i}".encode(), key, headers=headers, timestamp=1_700_000_000_000 + i)
+        sent.append((key, f"v{i}".encode(), headers))
+    out.commit_transaction(30)
+    # the commit markers are written after commit_transaction returns: wait until they are
+    end = wait_until_stable({"bootstrap.servers": bootstrap}, topic, 10)[0]
+    assert end == 7  # six records and the commit marker
+
+    reader = consumer({"bootstrap.servers": bootstrap}, **{"isolation.level": "read_committed"})
+    try:
+        messages = [m for batch in read_range(reader, topic, 0, 0, end, stall_timeout_s=10) for m in batch]
+    finally:
+        reader.close()
+    options = ReaderOptions(
+        name="s", client={"bootstrap.servers": bootstrap}, topics=[topic], starting={}, topic_ids={},
+        parallelism=1, on_error="fail",
+    )  # fmt: skip
+    batch = to_arrow(options, messages, topic, 0)
+    rows = batch.to_pylist()
+    assert [r["key"] for r in rows] == [k for k, _, _ in sent]
+    assert [r["value"] for r in rows] == [v for _, v, _ in sent]
+    assert [r["offset"] for r in rows] == list(range(6))
+    assert [r["topic"] for r in rows] == [topic] * 6 and [r["partition"] for r in rows] == [0] * 6
+    assert [int(r["timestamp"].timestamp() * 1000) for r in rows] == [1_700_000_000_000 + i for i in range(6)]
+    assert [[(h["key"], h["value"]) for h in r["headers"]] for r in rows] == [h or [] for _, _, h in sent]
+    assert batch.schema.field("headers").type == pa.list_(
+        pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+    )
+    assert rows[0]["_eos_error"] is None
+
+    no_headers = to_arrow(options, [m for m in messages if not m.headers()], topic, 0)
+    assert no_headers.column("headers").to_pylist() == [[]] * 4

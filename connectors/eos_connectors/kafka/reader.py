@@ -137,14 +137,12 @@ def to_arrow(options: ReaderOptions, messages: list[Any], topic: str, partition:
     import pyarrow as pa
 
     n = len(messages)
-    keys, values, offsets, stamps, headers = [], [], [], [], []
-    for m in messages:
-        keys.append(m.key())
-        values.append(m.value())
-        offsets.append(m.offset())
-        stamps.append(m.timestamp()[1] * 1000)
-        h = m.headers()
-        headers.append([{"key": k, "value": v} for k, v in h] if h else [])
+    # One comprehension per column: a loop appending to five lists cost twice as much per record.
+    keys = [m.key() for m in messages]
+    values = [m.value() for m in messages]
+    offsets = [m.offset() for m in messages]
+    stamps = [m.timestamp()[1] * 1000 for m in messages]
+    headers = [m.headers() for m in messages]
     key_array = pa.array(keys, pa.binary())
     value_array = pa.array(values, pa.binary())
     errors: list[str | None] = [None] * n
@@ -186,7 +184,7 @@ def to_arrow(options: ReaderOptions, messages: list[Any], topic: str, partition:
             pa.array([partition] * n, pa.int32()),
             pa.array(offsets, pa.int64()),
             pa.array(stamps, pa.timestamp("us", tz="UTC")),
-            pa.array(headers, _headers_type()),
+            _headers_array(headers),
             pa.array(errors, pa.string()),
             raw_key,
             raw_value,
@@ -196,6 +194,15 @@ def to_arrow(options: ReaderOptions, messages: list[Any], topic: str, partition:
 
 
 POISON_NAMES = ("_eos_error", "_eos_raw_key", "_eos_raw_value")
+
+
+def _headers_array(headers: list[Any]) -> Any:
+    """Kafka headers ([(key, value)] or None per message) -> list<struct<key, value>>."""
+    import pyarrow as pa
+
+    if not any(headers):  # the common case: no message has headers
+        return pa.array([[]] * len(headers), _headers_type())
+    return pa.array([[{"key": k, "value": v} for k, v in h] if h else [] for h in headers], _headers_type())
 
 
 def _null_where(array: Any, mask: Any) -> Any:
