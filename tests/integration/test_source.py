@@ -138,7 +138,8 @@ def test_a_read_task_carries_every_field_of_its_records_and_stops_at_its_planned
     transactional records, whose last offset is a commit marker, ends at its planned end."""
     import pyarrow as pa
 
-    from eos_connectors.kafka.clients import consumer, end_offsets, producer
+    from eos_connectors.kafka.clients import consumer, producer
+    from eos_connectors.kafka.ledger import wait_until_stable
     from eos_connectors.kafka.range_reader import read_range
     from eos_connectors.kafka.reader import ReaderOptions, to_arrow
 
@@ -153,14 +154,8 @@ def test_a_read_task_carries_every_field_of_its_records_and_stops_at_its_planned
         out.produce(topic, f"v{i}".encode(), key, headers=headers, timestamp=1_700_000_000_000 + i)
         sent.append((key, f"v{i}".encode(), headers))
     out.commit_transaction(30)
-    # The commit marker is written after commit_transaction returns: wait for the read_committed
-    # end to pass it (six records and the marker).
-    admin = admin_client({"bootstrap.servers": bootstrap})
-    deadline = time.monotonic() + 10
-    while (end := end_offsets(admin, {topic: [0]}, read_committed=True)[(topic, 0)]) < 7:
-        assert time.monotonic() < deadline, f"the commit marker never showed (last stable offset {end})"
-        time.sleep(0.05)
-    assert end == 7
+    end = wait_until_stable({"bootstrap.servers": bootstrap}, topic, 10)[0]
+    assert end == 7  # six records and the commit marker
 
     reader = consumer({"bootstrap.servers": bootstrap}, **{"isolation.level": "read_committed"})
     try:

@@ -97,7 +97,9 @@ def fence(client: dict[str, Any], transactional_ids: Iterable[str], timeout_s: f
 def wait_until_stable(client: dict[str, Any], topic: str, wait_s: float, admin: Any = None) -> dict[int, int]:
     """End offsets of `topic` once nothing is open on it (the last stable offset reached the high
     watermark). Call after fencing: then nothing of this pipeline is open, and a transaction still
-    open is someone else's (bounded wait, then a clear error). `admin`: a client to reuse."""
+    open is someone else's (bounded wait, then a clear error). `admin`: a client to reuse.
+    Returns the last stable offsets, not the high watermark read first: a commit marker is written
+    after `commit_transaction` returns, so that first read can end before the marker."""
     admin = admin or admin_client(client)
     partitions = {topic: describe_topics(admin, [topic])[topic].partitions}
     deadline = time.monotonic() + wait_s
@@ -105,7 +107,7 @@ def wait_until_stable(client: dict[str, Any], topic: str, wait_s: float, admin: 
     while True:
         stable = end_offsets(admin, partitions, read_committed=True)
         if all(stable[tp] >= high[tp] for tp in high):
-            return {p: end for (_, p), end in high.items()}
+            return {p: end for (_, p), end in stable.items()}
         if time.monotonic() > deadline:
             raise EnvironmentProblem(
                 f"the ledger topic {topic} has an open transaction that is not this pipeline's and did not finish "
