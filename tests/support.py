@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -161,3 +162,29 @@ def wait_for(check: Callable[[], object], timeout: float, what: str) -> object:
             return result
         assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
         time.sleep(0.1)
+
+
+class Later:
+    """Runs `action` after `delay_s` on a thread of its own (a node restarted while the test goes
+    on). `join()` waits for it and raises what it raised: a failed restart fails the test instead of
+    ending as a warning about a thread, and joining before the next fault keeps faults from landing
+    inside a restart that is still waiting for the cluster to heal."""
+
+    def __init__(self, delay_s: float, action: Callable[[], object]) -> None:
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            time.sleep(delay_s)
+            try:
+                action()
+            except BaseException as exc:  # handed to join()
+                self.error = exc
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float = 300.0) -> None:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"still running after {timeout:.0f} s"
+        if self.error is not None:
+            raise self.error

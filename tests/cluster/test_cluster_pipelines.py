@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -22,7 +21,7 @@ from eos_connectors.kafka import ids
 from eos_ops.sparkcluster import QUICK_START_CONF
 from tests.faults.test_fault_matrix import eos_verify
 from tests.pipelines import passthrough_pipeline, produce_numbered, write_pipeline
-from tests.support import independent_committed_values, wait_for
+from tests.support import Later, independent_committed_values, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -105,23 +104,25 @@ def test_workers_brokers_and_the_namenode_fail_under_a_running_job(
 
     step("source_read_pause", "a read task paused")
     spark_cluster.kill_worker(1)
-    threading.Timer(5, lambda: spark_cluster.start_worker(1)).start()
+    restarts = [Later(5, lambda: spark_cluster.start_worker(1))]
 
     step("sink_after_precommit_pause_8_epoch_2", "epoch 2 pre-committed")
     time.sleep(1)
     spark_cluster.wait_for_workers([1], timeout=180)
     spark_cluster.kill_worker(0)
-    threading.Timer(5, lambda: spark_cluster.start_worker(0)).start()
+    restarts.append(Later(5, lambda: spark_cluster.start_worker(0)))
 
     step("sink_after_precommit_pause_4_epoch_3", "epoch 3 pre-committed")
     victim = cluster.transaction_coordinator(ids.pool_id(ids.default_prefix(name), "out", 0))
     cluster.kill(victim)
-    threading.Timer(8, lambda: cluster.start_node(victim)).start()
+    restarts.append(Later(8, lambda: cluster.start_node(victim)))
 
     step("epoch_after_offsets_logged_pause_6_epoch_5", "epoch 5 logged")
     hdfs.restart_namenode()
 
     job.finish(900)
+    for restart in restarts:
+        restart.join()
     spark_cluster.wait_for_workers([0, 1], timeout=180)
     cluster.wait_until_healthy(timeout=180)
     _check(bootstrap, source, sink, sent)

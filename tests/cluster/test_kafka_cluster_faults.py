@@ -15,7 +15,7 @@ import pytest
 from eos_connectors.kafka import ids
 from tests.faults.test_fault_matrix import eos_verify, run_until_done
 from tests.pipelines import eos_subprocess, passthrough_pipeline, produce_numbered, run_in_process, write_pipeline
-from tests.support import independent_committed_values, wait_for
+from tests.support import Later, independent_committed_values, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def test_brokers_bounced_under_a_running_pipeline(cluster, bootstrap, new_topic,
     victim = cluster.transaction_coordinator(ids.pool_id(ids.default_prefix(name), "out", 0))
     cluster.kill(victim)
     faults.append(f"killed transaction coordinator {victim}")
-    threading.Timer(10, lambda: cluster.start_node(victim)).start()
+    restarted = Later(10, lambda: cluster.start_node(victim))
 
     wait_for(lambda: _fired(checkpoint, "sink_mid_produce_pause_3_epoch_4") or not runner.is_alive(), 300, "epoch 4")
     paused = cluster.leader(sink, 0)
@@ -76,12 +76,16 @@ def test_brokers_bounced_under_a_running_pipeline(cluster, bootstrap, new_topic,
     wait_for(
         lambda: _fired(checkpoint, "sink_after_precommit_pause_3_epoch_6") or not runner.is_alive(), 300, "epoch 6"
     )
+    # The first restart waits until the cluster has healed (after the pause too): the controller
+    # may be that same node, and killing it inside that wait would be two faults at once.
+    restarted.join()
     controller = cluster.active_controller()
     cluster.kill(controller)
     faults.append(f"killed controller {controller}")
-    threading.Timer(10, lambda: cluster.start_node(controller)).start()
+    restarted = Later(10, lambda: cluster.start_node(controller))
 
     runner.join(600)
+    restarted.join()
     assert not runner.is_alive(), "the pipeline never finished"
     assert done and not isinstance(done[0], BaseException), done
     assert len(faults) == 3, faults
