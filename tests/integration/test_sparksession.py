@@ -47,6 +47,14 @@ def test_a_python_worker_keeps_its_imports_out_of_the_collection_after_each_task
     assert tracked < frozen / 10, f"the collection still walks {tracked} objects (frozen: {frozen})"
 
 
+def test_dataframe_calls_do_not_record_their_call_site(spark):
+    # Recording it costs ~5 JVM round trips per DataFrame function call (half of a start-up's).
+    from pyspark.errors.utils import is_debugging_enabled
+
+    assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
+    assert is_debugging_enabled() is False
+
+
 def test_the_mirror_is_the_pyspark_distribution_without_its_zips(tmp_path, monkeypatch):
     monkeypatch.setenv("EOS_HOME", str(tmp_path))
     monkeypatch.delenv("SPARK_HOME", raising=False)
