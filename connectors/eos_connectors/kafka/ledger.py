@@ -24,6 +24,8 @@ from typing import Any
 
 from eos.api import CheckpointError, ConfigError, EnvironmentProblem, Ledger, LedgerEntry
 from eos_connectors.kafka.clients import (
+    TopicInfo,
+    UnknownTopic,
     admin_client,
     broker_count,
     consumer,
@@ -50,28 +52,45 @@ def control_key(pipeline: str, kind: str) -> bytes:
 
 def ensure_ledger_topic(client: dict[str, Any], topic: str, admin: Any = None) -> None:
     admin = admin or admin_client(client)
-    brokers = broker_count(admin)
+    # Usually the topic exists: its description, its settings and the cluster's size are asked
+    # for at once, one round trip instead of four in a row (this runs at every start).
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        asked_brokers = pool.submit(broker_count, admin)
+        asked_topic = pool.submit(_described, admin, topic)
+        asked_settings = pool.submit(topic_settings, admin, topic)  # fails if there is no topic
+    brokers = asked_brokers.result()
     replication = min(3, brokers)
-    config = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": str(6 * 3600 * 1000)}
-    if brokers >= 3:
-        config["min.insync.replicas"] = "2"
-    if create_topic(admin, topic, 1, replication, config=config):
-        return
-    settings = topic_settings(admin, topic)
+    have = asked_topic.result()
+    if have is None:
+        config = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": str(6 * 3600 * 1000)}
+        if brokers >= 3:
+            config["min.insync.replicas"] = "2"
+        if create_topic(admin, topic, 1, replication, config=config):
+            return
+        # Someone else created it in the meantime: check theirs.
+        settings, have = topic_settings(admin, topic), describe_topics(admin, [topic])[topic]
+    else:
+        settings = asked_settings.result()
     if "compact" not in settings.get("cleanup.policy", ""):
         raise ConfigError(
             f"the ledger topic {topic} has cleanup.policy={settings.get('cleanup.policy')}: retention would delete "
             "ledger entries, and a replay after that would write committed epochs again",
             hint=f"set cleanup.policy=compact on {topic} (kafka-configs --alter), or use another ledger.topic",
         )
-    have = describe_topics(admin, [topic])[topic].replication
-    if have < replication:
+    if have.replication < replication:
         message = (
-            f"eos: warning: the ledger topic {topic} has replication factor {have} on a cluster of {brokers} brokers "
-            f"(eos creates it with {replication}); losing a broker can lose the ledger"
+            f"eos: warning: the ledger topic {topic} has replication factor {have.replication} on a cluster of "
+            f"{brokers} brokers (eos creates it with {replication}); losing a broker can lose the ledger"
         )
         log.warning(message)
         print(message, file=sys.stderr, flush=True)
+
+
+def _described(admin: Any, topic: str) -> TopicInfo | None:
+    try:
+        return describe_topics(admin, [topic])[topic]
+    except UnknownTopic:
+        return None
 
 
 def fence(client: dict[str, Any], transactional_ids: Iterable[str], timeout_s: float = 60.0) -> float:

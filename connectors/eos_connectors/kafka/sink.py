@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -129,24 +130,27 @@ class KafkaSink(SinkConnector):
     def check(self, spark: Any) -> None:
         admin = admin_client(self.client)
         topic = self.entry.kafka.topic
-        try:
-            reachable(f"sink {self.name}", self.entry.kafka.bootstrap, lambda: describe_topics(admin, [topic]))
-        except UnknownTopic:
-            if not self.entry.kafka.create_topic:
-                raise ConfigError(
-                    f"sink {self.name}: topic {topic!r} does not exist on {self.entry.kafka.bootstrap}",
-                    hint="create it, or set `create_topic: true` (with `partitions: N`) on the sink",
-                ) from None
-            create_topic(admin, topic, self.entry.kafka.partitions)
-        if self.pipeline.exactly_once:
-            self._check_transaction_timeout(admin)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            # The brokers' limit on transactions is asked for while the topic is looked up.
+            exactly_once = self.pipeline.exactly_once
+            limit = pool.submit(broker_setting, admin, "transaction.max.timeout.ms") if exactly_once else None
+            try:
+                reachable(f"sink {self.name}", self.entry.kafka.bootstrap, lambda: describe_topics(admin, [topic]))
+            except UnknownTopic:
+                if not self.entry.kafka.create_topic:
+                    raise ConfigError(
+                        f"sink {self.name}: topic {topic!r} does not exist on {self.entry.kafka.bootstrap}",
+                        hint="create it, or set `create_topic: true` (with `partitions: N`) on the sink",
+                    ) from None
+                create_topic(admin, topic, self.entry.kafka.partitions)
+        if limit is not None:  # exactly-once
+            self._check_transaction_timeout(limit.result())
             ledger.ensure_ledger_topic(self.client, self.pipeline.ledger, admin)
 
-    def _check_transaction_timeout(self, admin: Any) -> None:
+    def _check_transaction_timeout(self, limit: str | None) -> None:
         wanted = transaction_timeout_s(self.pipeline.epoch_timeout_s)
         override = self.client.get("transaction.timeout.ms")
         wanted_ms = int(override) if override is not None else int(wanted * 1000)
-        limit = broker_setting(admin, "transaction.max.timeout.ms")
         if limit is not None and wanted_ms > int(limit):
             raise ConfigError(
                 f"sink {self.name}: transactions would need transaction.timeout.ms={wanted_ms} (twice epochs.timeout, "
