@@ -195,13 +195,13 @@ class Bench:
         """A discarded run of eos exactly-once and Spark's built-in connector on a small input, once
         per session (Python workers start, the JVM compiles, the first query plans), or again with
         `force` when the last one is over 50 s old (Spark ends Python workers idle for a minute).
-        `on`: warm up on this input instead, for sections whose rounds must start in the steady
-        state of the sizes they measure (see the throughput section)."""
+        `on`: warm up on this input instead, every time, for sections whose rounds must start in the
+        steady state of the sizes they measure (see the throughput section)."""
         import time
 
         from bench.runs import BUILTIN, EO, measure
 
-        if self.warmed_at is not None and (not force or time.monotonic() - self.warmed_at < 50):
+        if on is None and self.warmed_at is not None and (not force or time.monotonic() - self.warmed_at < 50):
             return
         warm = on or self.input(self.plan.warmup_events, self.plan.partitions)
         for pipeline in pipelines:
