@@ -56,6 +56,7 @@ from eos_connectors.kafka.clients import (
     admin_client,
     broker_setting,
     cluster_id,
+    connect,
     create_topic,
     describe_topics,
     is_fenced,
@@ -357,9 +358,7 @@ class KafkaWriter(SlotWriter):
         entry.instance = producer(self.factory.config(txid, entry.on_delivery))
 
         def connect_and_init() -> None:
-            # A metadata request first opens the broker connection; without it librdkafka's
-            # coordinator lookup sometimes waits for its next retry tick (p90 504 -> 56 ms).
-            entry.instance.list_topics(self.factory.topic, timeout=self.factory.timeout_s)
+            connect(entry.instance, self.factory.topic, self.factory.timeout_s)
             entry.instance.init_transactions(self.factory.timeout_s)
 
         try:
@@ -382,11 +381,11 @@ class KafkaWriter(SlotWriter):
             entry.instance = producer(self.factory.config(None, entry.on_delivery))
             _plain[key] = entry
         # An idempotent producer asks for its producer id at creation; with no broker connected
-        # yet it retries on librdkafka's 500 ms timer, and the slot's first flush waits for it
-        # (505 ms against 57 ms with this metadata request first). Outside the lock (network I/O)
-        # and best effort: an unreachable broker fails the slot where it did before, in the flush.
+        # yet it retries on librdkafka's 500 ms timer, and the slot's first flush waits for it.
+        # Outside the lock (network I/O) and best effort: an unreachable broker fails the slot
+        # where it did before, in the flush.
         with contextlib.suppress(Exception):
-            entry.instance.list_topics(self.factory.topic, timeout=self.factory.timeout_s)
+            connect(entry.instance, self.factory.topic, self.factory.timeout_s)
         return entry
 
     def _use(self, call: Any, what: str = "") -> Any:
