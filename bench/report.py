@@ -435,9 +435,10 @@ def producer_startup(results: dict[str, Any]) -> list[str]:
         )
     return [
         "**A fresh sink producer** (`bench/sections/producer.py`): `init_transactions` on a new transactional "
-        "producer, as eos's `producer()` builds it (every broker connected at creation) when a slot lands on another "
-        "Python worker, the same with one metadata request (`list_topics`) first, and with librdkafka's default "
-        "sparse connections (eos before 2026-11-23), alternated on the same ids:",
+        "producer when a slot lands on another Python worker, as eos does it (`producer()` connects every broker "
+        "at creation, then `connect()` makes two metadata requests, so that a broker learned from metadata is up "
+        "before the producer-id request), with one metadata request first (eos until 2026-11-24), with none, and "
+        "with librdkafka's default sparse connections (eos before 2026-11-23), alternated on the same ids:",
         "",
         *table(["variant", "median", "p90", "max", "> 400 ms", "baseline", "ratio"], rows),
     ]
