@@ -339,13 +339,18 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
         bridge = SparkProgressBridge(listeners)
         spark.streams.addListener(bridge)
         query = None
+        publishing: threading.Thread | None = None
         try:
             query = writer.start()
             result.stopped_by = _await(query, committer, config.epochs.timeout, options.install_signal_handlers)
-            publish_progress(found, checkpoint)
+            # Both only wait on I/O (a group commit; the listener bus): one overlaps the other.
+            publishing = threading.Thread(target=_publish_quietly, args=(found, checkpoint), name="eos-publish")
+            publishing.start()
         finally:
             if query is not None:
                 bridge.catch_up(query)  # the bus is asynchronous: the last batch's progress may lag
+            if publishing is not None:
+                publishing.join()
             spark.streams.removeListener(bridge)
             if printer is not None:
                 printer.flush()
@@ -389,6 +394,13 @@ def publish_progress(found: Connectors, checkpoint: Checkpoint) -> None:
             source.publish_progress(offsets)
         except Exception as exc:  # monitoring only
             log.warning("source %s: could not publish its progress: %s", source.name, exc)
+
+
+def _publish_quietly(found: Connectors, checkpoint: Checkpoint) -> None:
+    try:
+        publish_progress(found, checkpoint)
+    except Exception as exc:  # monitoring only, on a thread of its own
+        log.warning("could not publish the sources' progress: %s", exc)
 
 
 def _guarded(committer: EpochCommitter):

@@ -129,9 +129,10 @@ class Coordinator:
 
         self._server = Server((bind_host, port), Handler)
         self.address = CoordinatorAddress(advertise_host, self._server.server_address[1], self.token)
-        # serve_forever checks for shutdown() between polls: 0.5 s by default, paid at every stop.
+        # serve_forever checks for shutdown() between polls: 0.5 s by default, paid at every stop
+        # (here ~5 ms on average, for ~100 idle wake-ups a second of a thread that does nothing).
         self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.05,), name="eos-coordinator", daemon=True
+            target=self._server.serve_forever, args=(0.01,), name="eos-coordinator", daemon=True
         )
         self._thread.start()
 
