@@ -344,7 +344,7 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
             query = writer.start()
             result.stopped_by = _await(query, committer, config.epochs.timeout, options.install_signal_handlers)
             # Both only wait on I/O (a group commit; the listener bus): one overlaps the other.
-            publishing = threading.Thread(target=_publish_quietly, args=(found, checkpoint), name="eos-publish")
+            publishing = threading.Thread(target=publish_progress, args=(found, checkpoint), name="eos-publish")
             publishing.start()
         finally:
             if query is not None:
@@ -376,13 +376,17 @@ def _reason(pending: int | None, created: bool) -> str:
 def publish_progress(found: Connectors, checkpoint: Checkpoint) -> None:
     """Let each source publish the end of the last committed epoch (Spark tells sources one epoch
     late, so without this external monitors would show an epoch of phantom lag after a stop).
-    Monitoring only: recovery never reads it."""
-    last = checkpoint.last_committed_epoch()
-    if last is None:
-        return
+    Monitoring only: recovery never reads it, and it never fails the run (it runs on a thread of
+    its own while the run stops)."""
     try:
+        last = checkpoint.last_committed_epoch()
+        if last is None:
+            return
         logged = checkpoint.logged_offsets(last)
     except CheckpointError:
+        return
+    except Exception as exc:
+        log.warning("could not read the last committed epoch's offsets to publish them: %s", exc)
         return
     from eos.observe.lag import line_of
 
@@ -394,13 +398,6 @@ def publish_progress(found: Connectors, checkpoint: Checkpoint) -> None:
             source.publish_progress(offsets)
         except Exception as exc:  # monitoring only
             log.warning("source %s: could not publish its progress: %s", source.name, exc)
-
-
-def _publish_quietly(found: Connectors, checkpoint: Checkpoint) -> None:
-    try:
-        publish_progress(found, checkpoint)
-    except Exception as exc:  # monitoring only, on a thread of its own
-        log.warning("could not publish the sources' progress: %s", exc)
 
 
 def _guarded(committer: EpochCommitter):
