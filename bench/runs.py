@@ -43,6 +43,9 @@ def measure(
         "epoch_records": epoch_records,
         "partitions": source.partitions,
     }
+    # Created before the run for every configuration (the built-in connector and the raw loop
+    # cannot create it), so no run's time includes it; eos's sink then finds it.
+    create_topic(admin_client({"bootstrap.servers": bench.bootstrap}), out_topic, out_partitions)
     if config in (EO, ALO, BUILTIN):
         settings = config_for(
             pipeline,
@@ -55,9 +58,6 @@ def measure(
             epoch_records=epoch_records,
             out_partitions=out_partitions,
         )
-        # Created before the run for every configuration (the built-in connector and the raw loop
-        # cannot create it), so no run's time includes it; eos's sink then finds it.
-        create_topic(admin_client({"bootstrap.servers": bench.bootstrap}), out_topic, out_partitions)
         if config == BUILTIN:
             run = run_builtin(
                 bench.spark,
@@ -76,7 +76,6 @@ def measure(
             row["aborted_attempts"] = len(run.aborted)
         row.update(wall_s=run.wall_s, epoch_time_s=run.epoch_time_s, epochs=run.epochs, cpu=run.cpu, spans=run.spans)
     else:
-        create_topic(admin_client({"bootstrap.servers": bench.bootstrap}), out_topic, out_partitions)
         loop = run_loop(
             bench.bootstrap,
             source.topic,
