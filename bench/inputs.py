@@ -20,13 +20,12 @@ from eos.errors import EnvironmentProblem
 from eos.paths import schemas_dir
 from eos_connectors.kafka.clients import (
     admin_client,
-    consumer,
     create_topic,
     describe_partitions,
     end_offsets,
     producer,
 )
-from eos_connectors.kafka.range_reader import read_range
+from eos_connectors.kafka.range_reader import range_consumer, read_range
 from eos_ops.demo import EVENT_SCHEMA, avro_schema, generate_events
 
 
@@ -154,7 +153,7 @@ def count_records(bootstrap: str, topic: str, read_committed: bool = True, settl
             time.sleep(0.1)
     else:
         ends = end_offsets(admin, partitions, read_committed=False)
-    reader = consumer(client, **{"isolation.level": "read_committed" if read_committed else "read_uncommitted"})
+    reader = range_consumer(client, read_committed)
     seen = 0
     try:
         for partition in partitions[topic]:
@@ -194,7 +193,7 @@ def expected_stateless_out(bootstrap: str, topic: str) -> int:
     admin = admin_client(client)
     partitions = describe_partitions(admin, [topic])
     ends = end_offsets(admin, partitions, read_committed=True)
-    reader = consumer(client, **{"isolation.level": "read_committed"})
+    reader = range_consumer(client)
     kept = 0
     try:
         for partition in partitions[topic]:

@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eos_connectors.kafka.clients import consumer
-
 
 @dataclass
 class KafkaUnderTest:
@@ -87,12 +85,12 @@ def read_all(bootstrap: str, topic: str, isolation: str = "read_committed") -> l
     """Every message of a topic up to its current end (LSO for read_committed, else the high
     watermark), in partition and offset order."""
     from eos_connectors.kafka.clients import admin_client, describe_partitions, end_offsets
-    from eos_connectors.kafka.range_reader import read_range
+    from eos_connectors.kafka.range_reader import range_consumer, read_range
 
     admin = admin_client({"bootstrap.servers": bootstrap})
     partitions = describe_partitions(admin, [topic])
     ends = end_offsets(admin, partitions, read_committed=isolation == "read_committed")
-    reader = consumer({"bootstrap.servers": bootstrap, "isolation.level": isolation})
+    reader = range_consumer({"bootstrap.servers": bootstrap}, isolation == "read_committed")
     messages: list[Any] = []
     try:
         for partition in partitions[topic]:

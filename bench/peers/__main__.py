@@ -88,8 +88,8 @@ def check(args: argparse.Namespace, bootstrap: str, source: Any, out_topic: str)
 
     import fastavro
 
-    from eos_connectors.kafka.clients import consumer, describe_partitions, end_offsets
-    from eos_connectors.kafka.range_reader import read_range
+    from eos_connectors.kafka.clients import describe_partitions, end_offsets
+    from eos_connectors.kafka.range_reader import range_consumer, read_range
     from eos_ops.demo import OUTPUT_SCHEMA, avro_schema, generate_events
 
     _, truth = generate_events(args.events, SEED)
@@ -99,7 +99,7 @@ def check(args: argparse.Namespace, bootstrap: str, source: Any, out_topic: str)
     admin = admin_client({"bootstrap.servers": bootstrap})
     partitions = describe_partitions(admin, [out_topic])
     ends = end_offsets(admin, partitions, read_committed=True)
-    reader = consumer({"bootstrap.servers": bootstrap, "isolation.level": "read_committed"})
+    reader = range_consumer({"bootstrap.servers": bootstrap})
     try:
         for partition in partitions[out_topic]:
             for batch in read_range(reader, out_topic, partition, 0, ends[(out_topic, partition)]):

@@ -30,8 +30,8 @@ from typing import Any
 
 from eos.config import parse_duration
 from eos.errors import ConfigError
-from eos_connectors.kafka.clients import admin_client, consumer, describe_partitions, end_offsets
-from eos_connectors.kafka.range_reader import read_range
+from eos_connectors.kafka.clients import admin_client, describe_partitions, end_offsets
+from eos_connectors.kafka.range_reader import range_consumer, read_range
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def read_topic(bootstrap: str | dict[str, Any], topic: str, read_committed: bool
     admin = admin_client(client)
     partitions = describe_partitions(admin, [topic])
     ends = end_offsets(admin, partitions, read_committed=read_committed)
-    reader = consumer({**client, "isolation.level": "read_committed" if read_committed else "read_uncommitted"})
+    reader = range_consumer(client, read_committed)
     records: list[Record] = []
     try:
         for partition in partitions[topic]:

@@ -56,8 +56,7 @@ def test_a_range_that_ends_on_markers_or_aborted_records_reads_exactly_its_recor
     exactly the committed records whose offsets lie in it."""
     from confluent_kafka import TopicPartition
 
-    from eos_connectors.kafka.clients import consumer
-    from eos_connectors.kafka.range_reader import read_range
+    from eos_connectors.kafka.range_reader import range_consumer, read_range
 
     topic = new_topic(partitions=1)
     txn = producer({"bootstrap.servers": bootstrap, "transactional.id": unique_name("txn")})
@@ -70,7 +69,7 @@ def test_a_range_that_ends_on_markers_or_aborted_records_reads_exactly_its_recor
         txn.commit_transaction(30) if commit else txn.abort_transaction(30)
 
     committed = {m.offset(): m.value().decode() for m in read_all(bootstrap, topic, "read_committed")}
-    reader = consumer({"bootstrap.servers": bootstrap, "isolation.level": "read_committed"})
+    reader = range_consumer({"bootstrap.servers": bootstrap})
     try:
         end = reader.get_watermark_offsets(TopicPartition(topic, 0), 10)[1]
         assert end == 9  # 3 records, a marker, 2 aborted, a marker, 1 record, a marker

@@ -138,9 +138,9 @@ def test_a_read_task_carries_every_field_of_its_records_and_stops_at_its_planned
     transactional records, whose last offset is a commit marker, ends at its planned end."""
     import pyarrow as pa
 
-    from eos_connectors.kafka.clients import consumer, producer
+    from eos_connectors.kafka.clients import producer
     from eos_connectors.kafka.ledger import wait_until_stable
-    from eos_connectors.kafka.range_reader import read_range
+    from eos_connectors.kafka.range_reader import range_consumer, read_range
     from eos_connectors.kafka.reader import ReaderOptions, to_arrow
 
     topic = new_topic()
@@ -157,7 +157,7 @@ def test_a_read_task_carries_every_field_of_its_records_and_stops_at_its_planned
     end = wait_until_stable({"bootstrap.servers": bootstrap}, topic, 10)[0]
     assert end == 7  # six records and the commit marker
 
-    reader = consumer({"bootstrap.servers": bootstrap}, **{"isolation.level": "read_committed"})
+    reader = range_consumer({"bootstrap.servers": bootstrap})
     try:
         messages = [m for batch in read_range(reader, topic, 0, 0, end, stall_timeout_s=10) for m in batch]
     finally:

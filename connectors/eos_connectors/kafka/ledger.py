@@ -28,14 +28,13 @@ from eos_connectors.kafka.clients import (
     UnknownTopic,
     admin_client,
     broker_count,
-    consumer,
     create_topic,
     describe_topics,
     end_offsets,
     producer,
     topic_settings,
 )
-from eos_connectors.kafka.range_reader import read_range
+from eos_connectors.kafka.range_reader import range_consumer, read_range
 
 log = logging.getLogger("eos.ledger")
 
@@ -142,7 +141,7 @@ def scan(
     """The latest committed value of every key below `ends` (partition -> offset), with its
     offset. strict: stall for longer before giving up (recovery); otherwise report sooner."""
     latest: dict[bytes, tuple[int, bytes]] = {}
-    reader = consumer({**client, "isolation.level": "read_committed"})
+    reader = range_consumer(client)
     try:
         for partition, end in ends.items():
             for batch in read_range(reader, topic, partition, 0, end, stall_timeout_s=120 if strict else 30):

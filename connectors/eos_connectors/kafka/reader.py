@@ -46,7 +46,7 @@ from eos_connectors.kafka.clients import (
     end_offsets,
     start_offsets,
 )
-from eos_connectors.kafka.range_reader import FETCH_TUNING, RangeReadError, read_range
+from eos_connectors.kafka.range_reader import RangeReadError, range_consumer, read_range
 
 log = logging.getLogger("eos.source")
 
@@ -114,14 +114,8 @@ def _cached_consumer(options: ReaderOptions) -> Any:
 
     key = json.dumps([options.client, options.read_committed], sort_keys=True)
     if key not in _consumers:
-        _consumers[key] = consumer(
-            options.client,
-            **{
-                "isolation.level": "read_committed" if options.read_committed else "read_uncommitted",
-                "enable.partition.eof": True,
-                "auto.offset.reset": "error",
-                **FETCH_TUNING,
-            },
+        _consumers[key] = range_consumer(
+            options.client, options.read_committed, **{"enable.partition.eof": True, "auto.offset.reset": "error"}
         )
     return _consumers[key]
 
