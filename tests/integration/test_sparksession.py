@@ -4,6 +4,7 @@ keep their imports out of the collection PySpark runs after every task."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyspark
@@ -53,6 +54,32 @@ def test_dataframe_calls_do_not_record_their_call_site(spark):
 
     assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
     assert is_debugging_enabled() is False
+
+
+def _socket_kinds(_: object) -> Iterator[list[str]]:
+    """In a task: the kind of every socket of its Python worker (the JVM connection among them)."""
+    import os
+    from pathlib import Path
+
+    lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    unix = {line.split()[6] for line in lines if len(line.split()) > 6}
+    kinds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            kinds.append("unix" if link[8:-1] in unix else "other")
+    yield [os.environ.get("PYTHON_WORKER_FACTORY_SOCK_DIR") or "no socket dir", *sorted(kinds)]
+
+
+def test_python_workers_talk_to_the_jvm_over_unix_sockets(spark):
+    # Over loopback TCP, a read task waited 40 ms for its ranges in every epoch (Nagle's
+    # algorithm against delayed ACKs); a Unix domain socket has neither.
+    assert spark.conf.get("spark.python.unix.domain.socket.enabled") == "true"
+    [seen] = spark.sparkContext.parallelize([0], 1).mapPartitions(_socket_kinds).collect()
+    assert seen[0] != "no socket dir" and "unix" in seen[1:], seen
 
 
 def test_the_mirror_is_the_pyspark_distribution_without_its_zips(tmp_path, monkeypatch):
