@@ -9,8 +9,10 @@ the transactions prepared so far, decide, commit k/n, mark committed), refreshed
 second; anywhere else (a pipe, a log file, TERM=dumb) only the plain lines are written.
 
 SparkProgressBridge turns Spark's StreamingQueryListener callbacks into `on_spark_progress`
-calls, once per batch, and catches up from `query.recentProgress` when the query ends (the
-listener bus is asynchronous: the last batch's event can arrive after the query stopped).
+calls, once per batch, and catches up from the query's recent progress when the query ends (the
+listener bus is asynchronous: the last batch's event can arrive after the query stopped). It
+takes each progress as the JSON Spark writes of it, never through PySpark's event objects (see
+_ProgressAsJson).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 import logging
 import threading
 import time
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 from pyspark.sql.streaming import StreamingQueryListener
 
@@ -196,6 +198,42 @@ def _key(progress: dict[str, Any]) -> tuple[str, int]:
     return str(progress.get("runId")), int(progress.get("batchId", -1))
 
 
+def _parsed(jprogress: Any) -> dict[str, Any]:
+    return json.loads(jprogress.json())
+
+
+class _ProgressAsJson:
+    """What Spark's listener bus calls (py4j implements Spark's Python listener interface with
+    it): each progress is handed on as the JSON Spark writes of it, two JVM calls. PySpark's own
+    wrapper first copies every field of every event into Python objects, a JVM call per field
+    and more per source; measured on 40-record epochs, that cost ~90 ms of the JVM's CPU and
+    ~18 ms of the driver's per epoch (257 -> 163 and 32 -> 15 ms), and 40 ms of the epoch's
+    time, on a machine where the epoch has two cores."""
+
+    def __init__(self, bridge: SparkProgressBridge):
+        self.bridge = bridge
+
+    def onQueryStarted(self, jevent: Any) -> None:
+        pass
+
+    def onQueryProgress(self, jevent: Any) -> None:
+        try:
+            progress = _parsed(jevent.progress())
+        except Exception:
+            log.exception("unreadable query progress")
+            return
+        self.bridge.deliver(progress)
+
+    def onQueryIdle(self, jevent: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, jevent: Any) -> None:
+        pass
+
+    class Java:
+        implements: ClassVar[list[str]] = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
+
+
 class SparkProgressBridge(StreamingQueryListener):
     """Forwards Spark's per-batch progress (a dict) to every listener with on_spark_progress,
     once per (run, batch)."""
@@ -205,6 +243,17 @@ class SparkProgressBridge(StreamingQueryListener):
         self._seen: set[tuple[str, int]] = set()
         self._lock = threading.Condition()
         self._delivering = 0  # deliveries in progress (Spark's listener bus thread)
+        self._java: Any = None
+
+    @property
+    def _jlistener(self) -> Any:
+        """The Java listener `spark.streams.addListener` registers (PySpark's hook): the bridge's
+        own, instead of PySpark's wrapper around the on* methods below."""
+        if self._java is None:
+            from pyspark import SparkContext
+
+            self._java = SparkContext._jvm.PythonStreamingQueryListenerWrapper(_ProgressAsJson(self))
+        return self._java
 
     def deliver(self, progress: dict[str, Any]) -> bool:
         """Hand one progress to the listeners unless it was delivered before."""
@@ -231,12 +280,12 @@ class SparkProgressBridge(StreamingQueryListener):
 
     def catch_up(self, query: Any, wait_s: float = 2.0) -> int:
         """Deliver the progress of batches whose listener event has not arrived (yet): waits up
-        to wait_s for the bus first, then feeds them from query.recentProgress, then waits for
+        to wait_s for the bus first, then feeds them from the query's recent progress, then waits for
         deliveries in progress to end. Returns how many it fed."""
         deadline = time.monotonic() + wait_s
         fed = 0
         try:
-            recent = {_key(p): p for p in (json.loads(p.json) for p in query.recentProgress)}
+            recent = {_key(p): p for p in (_parsed(j) for j in query._jsq.recentProgress())}
         except Exception:
             log.exception("cannot read the query's recent progress")
             return fed
@@ -251,6 +300,8 @@ class SparkProgressBridge(StreamingQueryListener):
             self._lock.wait_for(lambda: self._delivering == 0, timeout=max(0.0, deadline - time.monotonic()) + 5)
         return fed
 
+    # PySpark's abstract listener: called only where PySpark's own wrapper is registered (Spark
+    # calls _ProgressAsJson otherwise).
     def onQueryStarted(self, event: Any) -> None:
         pass
 

@@ -204,3 +204,38 @@ def _drain(fd: int, chunks: list[bytes]) -> None:
         if not data:
             return
         chunks.append(data)
+
+
+def test_a_progress_costs_the_listener_two_jvm_calls(spark, bootstrap, new_topic, unique_name, tmp_path, monkeypatch):
+    # PySpark's own listener wrapper copies every field of every progress into Python objects, a
+    # JVM call per field: ~90 ms of the JVM's CPU per epoch. The bridge reads Spark's JSON of it.
+    from py4j.clientserver import ClientServerConnection
+
+    from eos.observe.progress import SparkProgressBridge
+
+    listener_threads: set[int] = set()
+    delivered: list[int] = []
+    calls: dict[int, int] = {}
+    send, deliver = ClientServerConnection.send_command, SparkProgressBridge.deliver
+
+    def counting_send(self, *args, **kwargs):
+        calls[threading.get_ident()] = calls.get(threading.get_ident(), 0) + 1
+        return send(self, *args, **kwargs)
+
+    def noting_deliver(self, progress):
+        if threading.current_thread() is not threading.main_thread():  # the bus, not catch_up
+            listener_threads.add(threading.get_ident())
+            delivered.append(progress["batchId"])
+        return deliver(self, progress)
+
+    monkeypatch.setattr(ClientServerConnection, "send_command", counting_send)
+    monkeypatch.setattr(SparkProgressBridge, "deliver", noting_deliver)
+    source, sink = new_topic(partitions=2), new_topic(partitions=2)
+    sent = produce_numbered(bootstrap, source, 0, 300)
+    name = unique_name("p")
+    config = passthrough_pipeline(name, bootstrap, source, sink, tmp_path / "ck", max_records_per_epoch=100)
+    result = run_in_process(spark, write_pipeline(tmp_path, config), progress=True)
+    assert_exactly_once(sent, committed_values(bootstrap, sink))
+    assert result.epochs_committed == 3 and delivered, "the listener bus delivered no progress"
+    per_progress = sum(calls.get(t, 0) for t in listener_threads) / len(delivered)
+    assert per_progress <= 4, f"{per_progress:.1f} JVM calls per progress on the listener's thread"

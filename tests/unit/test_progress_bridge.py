@@ -16,8 +16,11 @@ def _progress(batch: int) -> dict:
 
 
 class _Query:
+    """A query's Java side as the bridge reads it: recentProgress() -> objects with json()."""
+
     def __init__(self, batches: list[int]):
-        self.recentProgress = [SimpleNamespace(json=json.dumps(_progress(b))) for b in batches]
+        recent = [SimpleNamespace(json=lambda b=b: json.dumps(_progress(b))) for b in batches]
+        self._jsq = SimpleNamespace(recentProgress=lambda: recent)
 
 
 class _Seen:
