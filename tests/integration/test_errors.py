@@ -123,11 +123,15 @@ def test_missing_source_topic(bootstrap, new_topic, unique_name, tmp_path):
 def test_missing_sink_topic(bootstrap, new_topic, unique_name, tmp_path):
     source, missing = new_topic(), unique_name("absent")
     produce_numbered(bootstrap, source, 0, 10)
-    config = passthrough_pipeline("p-missing-sink", bootstrap, source, missing, tmp_path / "ck")
+    # SQL that cannot be planned either: the checks run while the plan is built, and what they
+    # find is still the error reported.
+    sql = "SELECT nope FROM events"
+    config = passthrough_pipeline("p-missing-sink", bootstrap, source, missing, tmp_path / "ck", sql=sql)
     finished = eos_subprocess("run", str(write_pipeline(tmp_path, config)))
     assert finished.returncode == CONFIG_ERROR
     message = last_error(finished.output)
-    assert f"error: sink out: topic {missing!r} does not exist on {bootstrap}" in message
+    assert f"error: sink out: topic {missing!r} does not exist on {bootstrap}" in message, message
+    assert "nope" not in message
     assert "set `create_topic: true`" in message
     assert not (tmp_path / "ck" / "_eos" / "pipeline.json").exists()
 
