@@ -164,6 +164,12 @@ def count_records(bootstrap: str, topic: str, read_committed: bool = True, settl
     return seen
 
 
+def eos_topics(name: str) -> list[str]:
+    """The topics an eos pipeline called `name` makes beside its output: its ledger (the default
+    `ledger.topic`) and its control log."""
+    return [f"eos-ledger-{name}", f"eos-ledger-{name}.control"]
+
+
 def delete_topics(bootstrap: str, topics: list[str]) -> None:
     """Drop a run's output and ledger topics, so later runs find the broker as the first did."""
     admin = admin_client({"bootstrap.servers": bootstrap})

@@ -11,7 +11,7 @@ from typing import Any
 
 from bench.builtin import run_builtin
 from bench.context import Bench
-from bench.inputs import Input, count_records, delete_topics
+from bench.inputs import Input, count_records, delete_topics, eos_topics
 from bench.pipelines import config_for, run_eos, unique
 from bench.rawloop import run_loop
 from eos_connectors.kafka.clients import admin_client, create_topic
@@ -71,7 +71,7 @@ def measure(
             )
         else:
             run = run_eos(bench.spark, settings, bench.work, bench.broker_pid, extra_listeners=listeners)
-            topics.append(f"eos-ledger-{name}")
+            topics += eos_topics(name)
             row["fence_s"] = run.fence_s
             row["aborted_attempts"] = len(run.aborted)
         row.update(wall_s=run.wall_s, epoch_time_s=run.epoch_time_s, epochs=run.epochs, cpu=run.cpu, spans=run.spans)

@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.context import Bench
 from bench.env import REPO
-from bench.inputs import count_records, delete_topics
+from bench.inputs import count_records, delete_topics, eos_topics
 from bench.pipelines import stateless_config, unique
 from bench.procs import SampledCpuMeter
 from bench.runs import OURS
@@ -121,7 +121,7 @@ def one_run(bench: Bench, cluster: Any, where: str, cores: int, source: Any) -> 
     steady_records = sum(e.get("input_rows") or 0 for e in steady)
     row["rps_steady"] = steady_records / steady_s if steady_s else None
     row["cpu_us_per_record"] = sum(cpu.get(k, 0.0) for k in OURS) * 1e6 / source.records
-    delete_topics(bench.bootstrap, [out_topic, f"eos-ledger-{name}"])
+    delete_topics(bench.bootstrap, [out_topic, *eos_topics(name)])
     return row
 
 

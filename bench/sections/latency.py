@@ -17,7 +17,7 @@ from typing import Any
 from bench.builtin import run_builtin
 from bench.context import Bench
 from bench.env import REPO
-from bench.inputs import delete_topics, ready_topic
+from bench.inputs import delete_topics, eos_topics, ready_topic
 from bench.pipelines import run_eos, stateless_config, unique
 from bench.runs import ALO, BUILTIN, EO
 from eos.config import parse_duration
@@ -85,7 +85,7 @@ def one_run(bench: Bench, trigger: str, mode: str, rate: int | None = None, hot:
             probe.kill()
         probe.wait()
     probe_result = json.loads(result_file.read_text()) if result_file.exists() else {"error": "the probe wrote nothing"}
-    delete_topics(bench.bootstrap, [in_topic, out_topic, f"eos-ledger-{name}"])
+    delete_topics(bench.bootstrap, [in_topic, out_topic, *eos_topics(name)])
     row = {"trigger": trigger, "mode": mode, **probe_result, "epochs": run.epochs, "cpu": run.cpu}
     visible = probe_result.get("produced")
     if visible:

@@ -20,7 +20,7 @@ import yaml
 
 from bench.context import Bench
 from bench.env import REPO
-from bench.inputs import delete_topics
+from bench.inputs import delete_topics, eos_topics
 from bench.pipelines import stateful_config, unique
 from bench.procs import memory_by_class
 from bench.subproc import EosProcess, committed_epochs, wait_committed
@@ -99,7 +99,7 @@ def run(bench: Bench) -> dict[str, Any]:
         if generator.poll() is None:
             generator.kill()
         generator.wait()
-    delete_topics(bench.bootstrap, [in_topic, out_topic, f"eos-ledger-{name}"])
+    delete_topics(bench.bootstrap, [in_topic, out_topic, *eos_topics(name)])
     return {
         "duration_s": plan.memory_duration_s,
         "rate": plan.memory_rate,

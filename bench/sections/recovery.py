@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from bench.context import Bench
-from bench.inputs import count_records, delete_topics, expected_stateless_out
+from bench.inputs import count_records, delete_topics, eos_topics, expected_stateless_out
 from bench.pipelines import stateless_config, unique
 from bench.subproc import EosProcess, committed_epochs, wait_committed, wait_group_gone
 
@@ -85,7 +85,7 @@ def one_run(bench: Bench, point: str, expected: int, topic: str) -> dict[str, An
     row["uncommitted_out"] = count_records(bench.bootstrap, out_topic, read_committed=False)
     row["expected_out"] = expected
     row["exactly_once"] = row["committed_out"] == expected
-    delete_topics(bench.bootstrap, [out_topic, f"eos-ledger-{name}"])
+    delete_topics(bench.bootstrap, [out_topic, *eos_topics(name)])
     return row
 
 
