@@ -6,7 +6,16 @@ import random
 
 import pytest
 
-from eos_connectors.kafka.offsets import decode, encode, fair_share, pack, plan_ends, split_ranges
+from eos_connectors.kafka.offsets import (
+    MIN_CHUNK,
+    chunk_size,
+    decode,
+    encode,
+    fair_share,
+    pack,
+    plan_ends,
+    split_ranges,
+)
 
 
 def test_fair_share_gives_each_partition_an_equal_share_and_redistributes_leftovers():
@@ -51,6 +60,27 @@ def test_split_ranges_cuts_large_partitions_into_tasks():
     assert [(r.topic, r.partition, r.start, r.end) for r in ranges] == [
         ("t", 0, 0, 100), ("t", 0, 100, 200), ("t", 0, 200, 250), ("t", 2, 0, 40)
     ]  # fmt: skip
+
+
+def _tasks(start, end, tasks, max_per_task=200_000):
+    ranges = split_ranges(start, end, chunk_size(start, end, tasks, max_per_task))
+    return [sum(r.end - r.start for r in task) for task in pack(ranges, tasks)]
+
+
+def test_one_hot_partition_is_still_read_by_every_task():
+    # Once the cold partitions are drained, an epoch is one partition's range: one task read it
+    # and the other core idled.
+    assert _tasks({("t", 0): 0}, {("t", 0): 50_000}, 2) == [25_000, 25_000]
+    assert _tasks({("t", 0): 100}, {("t", 0): 50_100, ("t", 1): 0}, 3) == [16_667, 16_667, 16_666]
+    hot_and_cold = {("t", 0): 30_000, ("t", 1): 3_000, ("t", 2): 3_000, ("t", 3): 3_000}
+    assert sorted(_tasks({}, hot_and_cold, 2)) == [19_500, 19_500]
+
+
+def test_small_epochs_and_max_records_per_task_bound_the_cut():
+    assert _tasks({}, {("t", 0): MIN_CHUNK}, 2) == [MIN_CHUNK]  # too small to be worth a second task
+    assert _tasks({}, {("t", 0): 10, ("t", 1): 10, ("t", 2): 10, ("t", 3): 10}, 2) == [20, 20]
+    assert _tasks({}, {("t", 0): 90_000}, 2, max_per_task=20_000) == [50_000, 40_000]  # chunks of 20,000
+    assert chunk_size({}, {}, 2, 200_000) == MIN_CHUNK
 
 
 def test_offsets_round_trip_in_sparks_json_form():

@@ -75,6 +75,26 @@ class OffsetRange:
     end: int  # exclusive
 
 
+# Below this many offsets a range is not cut to spread an epoch over its tasks: a small epoch
+# gains nothing from a second read task.
+MIN_CHUNK = 1_000
+# Names how an epoch's ranges become read tasks (chunk_size, split_ranges, pack). Changing any of
+# them changes which slot writes which records, so the name is part of the source's replay
+# identity: a pending epoch is never replayed cut another way than it was planned.
+READ_TASKS = "even-share-1"
+
+
+def chunk_size(start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int], tasks: int, max_per_task: int):
+    """The most offsets one range of the epoch may span: an even share of the epoch's offsets
+    per task, so that an epoch whose offsets lie in few partitions (one hot partition, once the
+    others are drained) is still read by every task; never more than max_per_task, never less
+    than MIN_CHUNK. With the whole epoch in one range, one of two cores read it while the other
+    idled: the skewed input ran at 0.54x the uniform one's rate."""
+    total = sum(max(0, hi - start.get(tp, 0)) for tp, hi in end.items())
+    share = -(-total // max(1, tasks))
+    return max(1, min(max_per_task, max(MIN_CHUNK, share)))
+
+
 def split_ranges(start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int], max_per_task: int):
     """Ranges [start, end) per partition, each cut into chunks of at most max_per_task offsets,
     so a large partition is read by several Spark tasks in parallel."""

@@ -9,10 +9,11 @@ Driver side (in a Python process the Spark driver starts, so everything travels 
   read: that log is the barrier, and a replay reads exactly the logged ranges.
 - Every plan re-checks each topic's id: a topic deleted and recreated under the same name stops
   the pipeline (even when the new topic has more records than the old one).
-- `partitions` cuts each partition's range into chunks of `max_records_per_task` offsets and
-  packs the chunks into `parallelism` read tasks (largest first onto the least loaded task), a
-  deterministic function of the logged ranges: these tasks are the epoch's sink slots when the
-  pipeline is stateless, so a replay gives every slot the same records.
+- `partitions` cuts each partition's range into chunks of at most an even share of the epoch
+  per task (and at most `max_records_per_task` offsets), so that one hot partition is still read
+  by every task, and packs the chunks into `parallelism` read tasks (largest first onto the least
+  loaded task): a deterministic function of the logged ranges. These tasks are the epoch's sink
+  slots when the pipeline is stateless, so a replay gives every slot the same records.
 Executor side:
 - `read` reads its ranges with a cached read_committed consumer (ranges end at their planned end
   offset, never at "N records read": markers and aborted records leave offset gaps), decodes
@@ -330,8 +331,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[KafkaRanges]:
         if self.options.poison_scan and self.options.on_error == "fail":
             return []  # under `fail` the main scan stops at the first poison record: nothing to read
-        ranges = planning.split_ranges(planning.decode(start), planning.decode(end), self.options.max_records_per_task)
-        packed = planning.pack(ranges, self.options.parallelism)
+        begin, ends = planning.decode(start), planning.decode(end)
+        size = planning.chunk_size(begin, ends, self.options.parallelism, self.options.max_records_per_task)
+        packed = planning.pack(planning.split_ranges(begin, ends, size), self.options.parallelism)
         return [KafkaRanges([(r.topic, r.partition, r.start, r.end) for r in task]) for task in packed]
 
     def read(self, partition: KafkaRanges) -> Iterator[Any]:

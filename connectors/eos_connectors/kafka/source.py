@@ -78,6 +78,9 @@ class KafkaSource(SourceConnector):
         identity = self.entry.model_dump(mode="json", by_alias=True)
         # Credentials and client tuning may change while an epoch is pending; what is read may not.
         identity["kafka"] = {k: v for k, v in identity["kafka"].items() if k not in ("config", "bootstrap")}
+        # How the read tasks cut the logged ranges decides which slot writes which records: an
+        # epoch planned by an eos that cut them otherwise must be finished by that eos.
+        identity["read_tasks"] = planning.READ_TASKS
         return identity
 
     # -- checks and pins -----------------------------------------------------------------------
