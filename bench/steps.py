@@ -46,8 +46,8 @@ def _one_pass(bootstrap: str, topic: str, out_topic: str) -> dict[str, Any]:
     from eos.paths import schemas_dir
     from eos_connectors.formats.avro import decode_batch, decode_codec, encode_batch, encode_codec
     from eos_connectors.formats.config import FormatConfig
-    from eos_connectors.kafka.clients import admin_client, consumer, describe_partitions, end_offsets, producer
-    from eos_connectors.kafka.range_reader import FETCH_TUNING, read_range
+    from eos_connectors.kafka.clients import admin_client, describe_partitions, end_offsets, producer
+    from eos_connectors.kafka.range_reader import range_consumer, read_range
     from eos_connectors.kafka.reader import ReaderOptions, to_arrow
     from eos_connectors.kafka.sink import PRODUCER_BATCHING, produce_pairs, produce_rows
     from eos_ops.demo import EVENT_SCHEMA
@@ -62,11 +62,9 @@ def _one_pass(bootstrap: str, topic: str, out_topic: str) -> dict[str, Any]:
         name="steps", client={"bootstrap.servers": bootstrap}, topics=[topic], starting={}, topic_ids={},
         parallelism=1, on_error="fail", value_codec=value_codec,
     )  # fmt: skip
-    reader = consumer(
-        {"bootstrap.servers": bootstrap},
-        **{"isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "error"},
-        **FETCH_TUNING,
-    )
+    # The source's read tasks' consumer (eos_connectors.kafka.reader._cached_consumer).
+    settings = {"enable.partition.eof": True, "auto.offset.reset": "error"}
+    reader = range_consumer({"bootstrap.servers": bootstrap}, **settings)
     cpu: dict[str, float] = {}
 
     def timed(name: str, fn: Any) -> Any:
