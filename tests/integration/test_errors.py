@@ -123,8 +123,8 @@ def test_missing_source_topic(bootstrap, new_topic, unique_name, tmp_path):
 def test_missing_sink_topic(bootstrap, new_topic, unique_name, tmp_path):
     source, missing = new_topic(), unique_name("absent")
     produce_numbered(bootstrap, source, 0, 10)
-    # SQL that cannot be planned either: the checks run while the plan is built, and what they
-    # find is still the error reported.
+    # SQL that cannot be planned either: the checks run before the plan is built, so what they
+    # find is the error reported.
     sql = "SELECT nope FROM events"
     config = passthrough_pipeline("p-missing-sink", bootstrap, source, missing, tmp_path / "ck", sql=sql)
     finished = eos_subprocess("run", str(write_pipeline(tmp_path, config)))
