@@ -84,7 +84,9 @@ MIN_CHUNK = 1_000
 READ_TASKS = "even-share-1"
 
 
-def chunk_size(start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int], tasks: int, max_per_task: int):
+def chunk_size(
+    start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int], tasks: int, max_per_task: int
+) -> int:
     """The most offsets one range of the epoch may span: an even share of the epoch's offsets
     per task, so that an epoch whose offsets lie in few partitions (one hot partition, once the
     others are drained) is still read by every task; never more than max_per_task, never less
