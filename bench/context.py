@@ -3,6 +3,7 @@ inputs, where files go, and progress output."""
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from bench.inputs import Input, make_input
 @dataclass(frozen=True)
 class Plan:
     quick: bool
-    rounds: int  # throughput rounds (each runs every configuration once)
+    rounds: int  # rounds of paired runs (throughput: see throughput_rounds)
     events: int  # throughput input: distinct events (records are ~8% more: duplicates)
     partitions: int
     epoch_records: int  # max_records_per_epoch / maxOffsetsPerTrigger of the throughput rows
@@ -50,6 +51,14 @@ class Plan:
     cluster_timeout_s: float
     cluster_cores: tuple[int, ...] = (1, 2, 4)  # executor cores in total, each against local[2]
 
+    def throughput_rounds(self, configurations: int) -> int:
+        """Full runs: `rounds` rounded up to a multiple of the configurations, so that with the order
+        rotated each configuration runs once in every position of a round (bench.sections.throughput
+        says why); quick runs: `rounds`."""
+        if self.quick:
+            return self.rounds
+        return configurations * math.ceil(self.rounds / configurations)
+
     def estimates(self) -> dict[str, float]:
         """Seconds each section is expected to take (for the ETA), from runs on the 2-core machine."""
         records = self.events * 1.08  # duplicates and the heartbeat
@@ -64,7 +73,7 @@ class Plan:
         small_epochs = self.scaling_events * 1.08 / min(self.scaling_epoch_records) * 1.2
         return {
             "setup": 40 + self.events / 20_000,
-            "throughput": warmup + self.rounds * 2 * round_s + perf,
+            "throughput": warmup + self.throughput_rounds(5) * 2 * round_s + perf,
             "latency": latency,
             "protocol": 0,
             "scaling": self.scaling_runs

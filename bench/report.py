@@ -151,8 +151,9 @@ def summary(results: dict[str, Any]) -> list[str]:
     out = [
         "## Targets",
         "",
-        "Each ratio is paired: taken within one round (configuration and baseline run back to back), median over",
-        "rounds. Verdicts use the wall-clock figures.",
+        "Each ratio is paired: taken within one round (every configuration runs once per round, in an order rotated",
+        "from round to round; the throughput section has as many rounds as configurations, so that each runs once in",
+        "every position), median over rounds. Verdicts use the wall-clock figures.",
         "",
     ]
     return out + table(
