@@ -181,3 +181,41 @@ def test_a_read_task_carries_every_field_of_its_records_and_stops_at_its_planned
 
     no_headers = to_arrow(options, [m for m in messages if not m.headers()], topic, 0)
     assert no_headers.column("headers").to_pylist() == [[]] * 4
+
+
+def test_the_lag_group_gets_each_committed_epoch_without_holding_up_the_next_plan(bootstrap, new_topic, unique_name):
+    """Spark tells the source an epoch is committed while it plans the next one: the group commit
+    for lag monitors must not run on that thread. With the group's coordinator unreachable, one
+    synchronous commit held it for 45 s. On a real broker the newest ends reach the group."""
+    from confluent_kafka import TopicPartition
+
+    from eos_connectors.kafka import offsets as planning
+    from eos_connectors.kafka.clients import consumer
+    from eos_connectors.kafka.reader import KafkaStreamReader, ReaderOptions
+
+    def reader(client: dict, topic: str, group: str) -> KafkaStreamReader:
+        options = ReaderOptions(
+            name="s", client=client, topics=[topic], starting={}, topic_ids={}, parallelism=1, on_error="fail",
+            group_id=group,
+        )  # fmt: skip
+        return KafkaStreamReader(options)
+
+    unreachable = reader({"bootstrap.servers": "127.0.0.1:1"}, "t", unique_name("g"))
+    started = time.monotonic()
+    unreachable.commit(planning.encode({("t", 0): 5}))
+    assert time.monotonic() - started < 2.0
+    started = time.monotonic()
+    unreachable.stop()  # gives the pending commit a bounded wait, then leaves it
+    assert time.monotonic() - started < 10.0
+
+    topic, group = new_topic(partitions=2), unique_name("g")
+    source = reader({"bootstrap.servers": bootstrap}, topic, group)
+    source.commit(planning.encode({(topic, 0): 3, (topic, 1): 4}))
+    source.commit(planning.encode({(topic, 0): 7, (topic, 1): 9}))
+    source.stop()  # waits for what is pending
+    monitor = consumer({"bootstrap.servers": bootstrap}, **{"group.id": group})
+    try:
+        committed = monitor.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=10)
+    finally:
+        monitor.close()
+    assert {tp.partition: tp.offset for tp in committed} == {0: 7, 1: 9}

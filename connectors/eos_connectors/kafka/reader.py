@@ -20,7 +20,8 @@ Executor side:
   Avro keys and values right there with fastavro (no extra trip of the rows to a decoding UDF),
   and applies the poison policy: a record that cannot be decoded stops the epoch under `fail`,
   or carries its error and raw bytes under `skip` and `dlq`.
-- After each epoch the end offsets are committed to a consumer group, for lag monitors only.
+- After each epoch the end offsets are committed to a consumer group, for lag monitors only, on
+  a thread of their own (eos_connectors.kafka.group_offsets).
 """
 
 from __future__ import annotations
@@ -42,11 +43,11 @@ from eos_connectors.kafka.clients import (
     BrokerUnreachable,
     UnknownTopic,
     admin_client,
-    consumer,
     describe_topics,
     end_offsets,
     start_offsets,
 )
+from eos_connectors.kafka.group_offsets import GroupPublisher
 from eos_connectors.kafka.range_reader import RangeReadError, range_consumer, read_range
 
 log = logging.getLogger("eos.source")
@@ -249,7 +250,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: ReaderOptions):
         self.options = options
         self._admin: Any = None
-        self._group_consumer: Any = None
+        self._group: GroupPublisher | None = None
         self._available_now_target: planning.Offsets | None = None
 
     @property
@@ -343,25 +344,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict) -> None:
         """Spark marked the epoch ending at `end` committed: publish progress for lag monitoring."""
         if self.options.group_id and not self.options.poison_scan:
-            publish_offsets(self, self.options.group_id, planning.decode(end))
+            if self._group is None:
+                self._group = GroupPublisher(self.options.client, self.options.group_id, self.options.name)
+            self._group.publish(planning.decode(end))
 
     def stop(self) -> None:
-        if self._group_consumer is not None:
-            self._group_consumer.close()
-            self._group_consumer = None
-
-
-def publish_offsets(reader: KafkaStreamReader, group: str, ends: planning.Offsets) -> None:
-    from confluent_kafka import TopicPartition
-
-    try:
-        if reader._group_consumer is None:
-            reader._group_consumer = consumer(reader.options.client, **{"group.id": group})
-        offsets = [TopicPartition(t, p, o) for (t, p), o in ends.items()]
-        if offsets:
-            reader._group_consumer.commit(offsets=offsets, asynchronous=False)
-    except Exception as exc:  # monitoring only: never fail the pipeline for it
-        log.warning("source %s: could not commit offsets to group %s: %s", reader.options.name, group, exc)
+        if self._group is not None:
+            self._group.close()
+            self._group = None
 
 
 class KafkaDataSource(DataSource):

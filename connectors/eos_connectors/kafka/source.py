@@ -40,6 +40,7 @@ from eos_connectors.kafka.clients import (
 )
 from eos_connectors.kafka.config import KafkaSinkEntry, KafkaSinkSection, KafkaSourceEntry
 from eos_connectors.kafka.control import KafkaControlLog
+from eos_connectors.kafka.group_offsets import commit_group
 from eos_connectors.kafka.reader import FORMAT_NAME, KafkaDataSource, ReaderOptions
 from eos_connectors.kafka.sink import KafkaSink
 
@@ -237,14 +238,12 @@ class KafkaSource(SourceConnector):
         ]
 
     def publish_progress(self, logged: dict[str, Any]) -> None:
-        from confluent_kafka import TopicPartition
-
         ends = planning.decode(logged)
         if not ends:
             return
         group = consumer(self.client, **{"group.id": f"eos-{self.pipeline.name}.{self.name}"})
         try:
-            group.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in ends.items()], asynchronous=False)
+            commit_group(group, ends)
         finally:
             group.close()
 
