@@ -9,6 +9,7 @@ recreated under the same name is refused with a clear error, whatever its offset
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from eos.api import (
@@ -195,7 +196,7 @@ class KafkaSource(SourceConnector):
             driver_pgid=options.driver_pgid,
             poison_scan=poison_scan,
         )
-        spark.dataSource.register(KafkaDataSource)
+        _register(spark)
         raw = spark.readStream.format(FORMAT_NAME).option("eos.source", reader.encode()).load()
         decoded = decode_in_spark(raw, self.entry, self.pipeline.base_dir)
         return source_view(decoded, self.entry)
@@ -279,3 +280,14 @@ class DeadLetters(KafkaSink):
             .cast("array<struct<key: string, value: binary>>")
             .alias("headers"),
         )
+
+
+_REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _register(spark: Any) -> None:
+    """Register the "eos-kafka" format once per session: every scan (the main and the poison scan
+    of every source) goes through here, and Spark warns on each re-registration."""
+    if spark not in _REGISTERED:
+        spark.dataSource.register(KafkaDataSource)
+        _REGISTERED.add(spark)
