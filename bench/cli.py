@@ -166,8 +166,6 @@ def run(args: argparse.Namespace, sections: tuple[str, ...], json_path: Path) ->
                 "spark.sql.shuffle.partitions": "2",
                 "spark.default.parallelism": "2",
                 "spark.jars": ",".join(jars.jars),
-                # eos's log settings plus one quiet logger (a warning per query start otherwise)
-                "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={REPO / 'bench' / 'log4j2.properties'}",
             },
         )
         bench = Bench(plan, broker.bootstrap, broker.pid(), spark, work, RESULTS, progress, jars)
