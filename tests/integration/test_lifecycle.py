@@ -46,6 +46,10 @@ def test_sigterm_finishes_the_current_epoch_then_stops(bootstrap, new_topic, uni
     assert proc.wait(120) == 0, output[-3000:]
     assert "SIGTERM: finishing the current epoch, then stopping" in output
     assert "stopped (SIGTERM)" in output
+    # Harmless, but would read as problems. (PySpark's daemon may still print a BrokenPipeError
+    # when the JVM closes an idle worker's socket at exit: a race inside PySpark, not asserted.)
+    for noise in ("Failed to cancel job group", "Interrupted while joining", "python_streaming_source_runner"):
+        assert noise not in output, output[-3000:]
     checkpoint = Checkpoint(str(tmp_path / "ck"))
     stopped_at = checkpoint.last_committed_epoch()
     assert stopped_at is not None and stopped_at < 14, "it stopped early, not at the end of the input"

@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import pickle
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -352,6 +355,25 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._group is not None:
             self._group.close()
             self._group = None
+        if jvm_went_away(sys.exc_info()[1]):
+            # PySpark's source runner calls this when its loop ends. On end-of-stream the JVM has
+            # stopped the query and closed the connection; the runner would then report the
+            # EOFError back over that closed connection and print the BrokenPipeError's traceback
+            # on the user's terminal at every stop. Nobody is listening: end the process quietly.
+            os._exit(0)
+
+
+def jvm_went_away(error: BaseException | None) -> bool:
+    """Whether `error` is the end-of-stream PySpark's source runner reads when the JVM closes its
+    connection (raised by pyspark.serializers.read_int), not an EOFError from eos's own code, which
+    must reach Spark as the epoch's error."""
+    if not isinstance(error, EOFError) or error.__traceback__ is None:
+        return False
+    frame = error.__traceback__
+    while frame.tb_next is not None:
+        frame = frame.tb_next
+    code = frame.tb_frame.f_code
+    return code.co_name == "read_int" and Path(code.co_filename).parent.name == "pyspark"
 
 
 class KafkaDataSource(DataSource):
