@@ -63,6 +63,11 @@ class KafkaSource(SourceConnector):
         return self.entry.kafka.client()
 
     @property
+    def group_id(self) -> str:
+        """The consumer group its progress is committed to, for lag monitors only."""
+        return f"eos-{self.pipeline.name}.{self.name}"
+
+    @property
     def admin(self) -> Any:
         if self._admin is None:
             self._admin = admin_client(self.client)
@@ -190,7 +195,7 @@ class KafkaSource(SourceConnector):
             max_records_per_task=kafka.max_records_per_task,
             read_committed=kafka.isolation == "read_committed",
             on_out_of_range=kafka.on_out_of_range,
-            group_id=f"eos-{self.pipeline.name}.{self.name}",
+            group_id=self.group_id,
             failpoints=options.failpoints,
             failpoint_state=options.failpoint_state,
             driver_pgid=options.driver_pgid,
@@ -242,7 +247,7 @@ class KafkaSource(SourceConnector):
         ends = planning.decode(logged)
         if not ends:
             return
-        group = consumer(self.client, **{"group.id": f"eos-{self.pipeline.name}.{self.name}"})
+        group = consumer(self.client, **{"group.id": self.group_id})
         try:
             commit_group(group, ends)
         finally:
