@@ -151,6 +151,10 @@ def run_builtin(
         .option("kafka.linger.ms", "5")
         .option("kafka.batch.size", "1000000")
         .option("kafka.compression.type", "lz4")
+        # Spark keeps the producer for 10 minutes after a run, and the bench deletes the run's
+        # output topic: without this the producer asks for the deleted topic's metadata, with a
+        # WARN line, about once a second for 5 minutes (its default). It never idles in a run.
+        .option("kafka.metadata.max.idle.ms", "5000")
         .outputMode(parsed.epochs.output_mode)
         .queryName(config["name"].replace("-", "_"))
     )
