@@ -52,20 +52,29 @@ def _popen_run(path: Path, *extra: str) -> subprocess.Popen:
 
 def test_a_second_driver_is_refused_and_a_takeover_fences_the_first(bootstrap, new_topic, unique_name, tmp_path):
     """Driver B commits epoch 0, logs epoch 1 and stalls with its skip set read. A second driver
-    is refused while B answers. Driver A then takes over (--take-over): it fences B, replays epoch
-    1 and finishes. B wakes up with a stale view, tries epoch 1 again, and cannot commit it: it
-    stops with a clear error and nothing it wrote becomes visible."""
+    is refused while B answers, and a start with --take-over whose pipeline fails to build fences
+    nobody (the take-over overlaps the build only when it cannot fence a live driver). Driver A
+    then takes over (--take-over): it fences B, replays epoch 1 and finishes. B wakes up with a
+    stale view, tries epoch 1 again, and cannot commit it: it stops with a clear error and nothing
+    it wrote becomes visible."""
     source, sink = new_topic(partitions=2), new_topic(partitions=2)
     sent = produce_numbered(bootstrap, source, 0, 900)
     checkpoint = tmp_path / "ck"
+    name = unique_name("p")
     path = write_pipeline(
-        tmp_path,
-        passthrough_pipeline(unique_name("p"), bootstrap, source, sink, checkpoint, max_records_per_epoch=300),
+        tmp_path, passthrough_pipeline(name, bootstrap, source, sink, checkpoint, max_records_per_epoch=300)
     )
     stalled = _popen_run(path, "--failpoint", "epoch.after_offsets_logged=pause(900)@epoch=1")
     try:
         _wait_for("driver B reaches epoch 1", lambda: (checkpoint / "commits" / "0").exists(), stalled)
         time.sleep(2)  # B is now inside epoch 1's pause
+
+        sql = "SELECT no_such_column FROM events"
+        broken = passthrough_pipeline(name, bootstrap, source, sink, checkpoint, max_records_per_epoch=300, sql=sql)
+        failed = eos_subprocess("run", str(write_pipeline(tmp_path / "broken", broken)), "--take-over")
+        assert failed.returncode != 0
+        assert "no_such_column" in failed.output, failed.output[-3000:]
+        assert stalled.poll() is None  # B still runs, and (below) is still the driver that answers
 
         refused = eos_subprocess("run", str(path))
         assert refused.returncode != 0
