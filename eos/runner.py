@@ -289,7 +289,8 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
             control = found.sources[0].control_log()
             driver = DriverInfo(run_id, socket.gethostname(), os.getpid(), coordinator.address.hostport)
         # The take-over waits on Kafka and the build on Spark's JVM: at every start they overlap
-        # (~0.1 s). A take-over that only fences drivers which no longer answer is safe before
+        # (the take-over is ~0.1 s; on two busy cores the start gains less, 0.035 s median in
+        # bench/NOTES.md). A take-over that only fences drivers which no longer answer is safe before
         # the build has checked the transforms; one told to fence a live driver (--take-over)
         # still waits for a build that succeeded, and --finish-pending with nothing pending
         # fences nothing.
