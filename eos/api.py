@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (re-exports: 
     from eos.failpoints import parse as parse_failpoints
     from eos.model import NAME, SECRET_KEY, SINK_NAME, VIEW, ClientValue, Duration, Model, parse_duration, redacted
     from eos.paths import eos_home, ops_dir, schemas_dir
+    from eos.protocol.barrier import SharedEnds
     from eos.protocol.decision import ControlLog, ControlState, Decision, DriverInfo, Pool, decode, encode
     from eos.protocol.ledger import Ledger, LedgerEntry
     from eos.protocol.sink import (
@@ -72,6 +73,7 @@ _MODULES = {
         "NAME", "SECRET_KEY", "SINK_NAME", "VIEW", "ClientValue", "Duration", "Model", "parse_duration", "redacted",
     ),
     "eos.paths": ("eos_home", "ops_dir", "schemas_dir"),
+    "eos.protocol.barrier": ("SharedEnds",),
     "eos.protocol.decision": ("ControlLog", "ControlState", "Decision", "DriverInfo", "Pool", "decode", "encode"),
     "eos.protocol.ledger": ("Ledger", "LedgerEntry"),
     "eos.protocol.sink": (

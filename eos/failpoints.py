@@ -29,6 +29,7 @@ from pathlib import Path
 
 POINTS: dict[str, str] = {
     "source.read": "task: a source read task fails before reading (Spark retries the task; slot = partition)",
+    "source.plan": "driver: a scan planned an epoch's end offsets; no other scan has them, Spark has not logged them",
     "epoch.after_offsets_logged": "driver: the epoch's end offsets are in Spark's offset log, nothing read yet",
     "sink.mid_produce": "task: some of the slot's records are produced into its open transaction",
     "sink.after_precommit": "task: the transaction is flushed with its ledger record; the vote is not sent",
@@ -37,6 +38,9 @@ POINTS: dict[str, str] = {
     "epoch.after_commit": "driver: every slot committed; Spark's commit log is not written yet",
 }
 ACTIONS = ("kill", "raise", "pause")
+# The source's points cannot know the epoch's number: a plan is made before Spark numbers the
+# epoch, and a read task is not told it. `epoch=` is refused for them; they fire by `times=`.
+PROTOCOL_POINTS = tuple(name for name in POINTS if not name.startswith("source."))
 
 _SPEC = re.compile(r"^\s*(?P<name>[a-z_.]+)\s*=\s*(?P<action>[a-z]+)(?:\((?P<arg>[0-9.]+)\))?\s*(?:@(?P<cond>.*))?$")
 
@@ -88,6 +92,8 @@ def parse(specs: str | list[str]) -> tuple[Failpoint, ...]:
             if key not in ("epoch", "slot", "attempt", "times") or not value.strip().isdigit():
                 raise ValueError(f"failpoint {item!r}: bad condition {cond!r}")
             fields[key] = int(value)
+        if "epoch" in fields and name not in PROTOCOL_POINTS:
+            raise ValueError(f"failpoint {item!r}: {name} cannot know its epoch; use times=N instead of epoch=N")
         points.append(Failpoint(name, action, float(match.group("arg") or 0), **fields))
     return tuple(points)
 

@@ -274,14 +274,16 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
             # source's read tasks, a stateful one's from its shuffle; `slots` means both.
             # (Spark keeps a stateful checkpoint's own number once it has one.)
             spark.conf.set("spark.sql.shuffle.partitions", str(meta.replay["parallelism"]))
+        run_id = uuid.uuid4().hex[:12]
         options_ = StreamOptions(
             parallelism=int(meta.replay["parallelism"]),
-            failpoints=[p.spec() for p in failpoints.points if p.name == "source.read"],
+            failpoints=[p.spec() for p in failpoints.points if p.name.startswith("source.")],
             failpoint_state=failpoints.state_dir,
             driver_pgid=failpoints.driver_pgid,
+            barriers=str(checkpoint.scratch_dir() / "barriers"),
+            run=run_id,
         )
         pending = prepared.pending
-        run_id = uuid.uuid4().hex[:12]
         state = ControlState()
         driver: DriverInfo | None = None
         if config.exactly_once:

@@ -139,8 +139,9 @@ class _HadoopFiles:
 
 
 def scratch_dir(location: str) -> Path:
-    """A local folder for a checkpoint's test-only state (failpoint firings): beside Spark's logs
-    for a local checkpoint, else in the machine's temp folder (shared by every process there)."""
+    """A folder on the driver's machine for a checkpoint's local state (failpoint firings, the
+    ends its scans agree on): beside Spark's logs for a local checkpoint, else in the machine's
+    temp folder (shared by every process there)."""
     if is_local(location):
         return local_path(location) / "_eos" / "scratch"
     name = hashlib.sha256(location.rstrip("/").encode()).hexdigest()[:16]

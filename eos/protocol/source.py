@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from eos.model import Duration, Model
+from eos.protocol.barrier import SharedEnds
 from eos.protocol.decision import ControlLog
 from eos.protocol.sink import PipelineInfo, SinkConnector
 
@@ -48,9 +50,16 @@ class StreamOptions:
     """What the core tells a source when it builds the stream."""
 
     parallelism: int  # read tasks per epoch (= sink slots of a stateless pipeline)
-    failpoints: list[str] = field(default_factory=list)  # armed `source.read` specs (tests)
+    failpoints: list[str] = field(default_factory=list)  # armed `source.*` specs (tests)
     failpoint_state: str = ""
     driver_pgid: int = 0
+    barriers: str = ""  # a folder on the driver's machine where scans agree on ends (eos.protocol.barrier)
+    run: str = ""
+
+    def shared_ends(self, source: str) -> SharedEnds | None:
+        """Where every scan of `source` takes each epoch's ends from: a source scanned more than
+        once in the query (always: its poison scan) must plan through it."""
+        return SharedEnds(str(Path(self.barriers) / source), self.run) if self.barriers else None
 
 
 @dataclass(frozen=True)

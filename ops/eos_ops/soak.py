@@ -34,12 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eos.failpoints import POINTS
+from eos.failpoints import PROTOCOL_POINTS
 from eos.protocol.checkpoint import Checkpoint
 from eos_connectors.kafka.clients import admin_client, create_topic, producer
 from eos_ops.verify import Aggregate, Decoder, Match, VerifySpec, verify
 
-PROTOCOL_POINTS = [p for p in POINTS if p != "source.read"]
 TXN_TIMEOUT_MS = 10_000
 MAX_PER_EPOCH = 20_000
 BASE_MS = 1_767_225_600_000

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eos.failpoints import POINTS
+from eos.failpoints import PROTOCOL_POINTS
 from tests.pipelines import (
     eos_subprocess,
     passthrough_pipeline,
@@ -23,7 +23,6 @@ from tests.pipelines import (
 )
 from tests.support import independent_committed_values
 
-PROTOCOL_POINTS = [p for p in POINTS if p != "source.read"]
 # Points reached after the slots' records are in the log: a crash there leaves aborted records
 # behind (exactly-once) or visible ones that a replay writes again (at-least-once).
 AFTER_WRITE = {"sink.after_precommit", "sink.after_agreement", "sink.between_commits", "epoch.after_commit"}

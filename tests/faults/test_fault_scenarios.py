@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from eos.failpoints import POINTS
+from eos.failpoints import PROTOCOL_POINTS
 from eos_connectors.kafka.clients import admin_client, end_offsets
 from tests.faults.test_fault_matrix import eos_verify, run_until_done
 from tests.pipelines import (
@@ -23,8 +23,6 @@ from tests.pipelines import (
     write_pipeline,
 )
 from tests.support import start_local_broker
-
-PROTOCOL_POINTS = [p for p in POINTS if p != "source.read"]
 
 
 def _exactly_once(bootstrap: str, source: str, sink: str, records: int) -> dict:

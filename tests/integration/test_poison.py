@@ -18,10 +18,11 @@ from typing import Any
 import fastavro
 import pytest
 
-from eos.failpoints import POINTS
+from eos.failpoints import POINTS, PROTOCOL_POINTS, release
 from eos_connectors.kafka.clients import producer
 from eos_ops.verify import Record, read_topic
-from tests.pipelines import assert_exactly_once, eos_subprocess, run_in_process, write_pipeline
+from tests.pipelines import Finished, assert_exactly_once, eos_subprocess, run_in_process, write_pipeline
+from tests.support import Later, wait_for
 
 EVENT = {"type": "record", "name": "Event", "namespace": "eos.test", "fields": [
     {"name": "id", "type": "long"}, {"name": "name", "type": "string"},
@@ -72,7 +73,16 @@ def produce_input(bootstrap: str, topic: str) -> dict[str, bytes]:
     return bad
 
 
-def pipeline(name: str, bootstrap: str, source: str, sink: str, folder: Path, on_error: str, dlq: str | None = None):
+def pipeline(
+    name: str,
+    bootstrap: str,
+    source: str,
+    sink: str,
+    folder: Path,
+    on_error: str,
+    dlq: str | None = None,
+    trigger: str = "available-now",
+):
     (folder / "event.avsc").write_text(json.dumps(EVENT))
     (folder / "out.avsc").write_text(json.dumps(OUT))
     src: dict[str, Any] = {
@@ -87,7 +97,7 @@ def pipeline(name: str, bootstrap: str, source: str, sink: str, folder: Path, on
     config = {
         "name": name,
         "checkpoint": str(folder / "ck"),
-        "epochs": {"trigger": "available-now", "slots": 2, "timeout": "60s"},
+        "epochs": {"trigger": trigger, "slots": 2, "timeout": "60s"},
         "sources": [src],
         "sinks": [{
             "name": "out",
@@ -167,6 +177,48 @@ def test_after_a_fail_stop_switching_to_dlq_resumes_the_same_checkpoint(bootstra
     check_dlq(bootstrap, dlq, source, name, bad)
 
 
+def test_every_scan_ends_each_epoch_where_the_main_scan_does_so_a_switch_to_dlq_loses_nothing(
+    bootstrap, new_topic, unique_name, tmp_path
+):
+    """Spark plans a source's main scan and its poison scan one after the other, and records keep
+    arriving in between. Here they arrive while the first scan of epoch 0 is held right after it
+    planned (a pause at source.plan): two good records and two poison ones, past its end. Had the
+    poison scan planned on its own, it would have ended epoch 0 after them, passing them unread
+    under `fail`; after the switch to `dlq` the main scan would then drop them from the output and
+    no scan would ever send them to the dead-letter queue (eos.protocol.barrier)."""
+    source, sink, dlq = new_topic(partitions=1), new_topic(partitions=1), unique_name("dlq")
+    out = producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for i in range(40):
+        out.produce(source, good_value(i), f"g{i}".encode())
+    assert out.flush(30) == 0
+    name = unique_name("p")
+    failpoints = tmp_path / "ck" / "_eos" / "scratch" / "failpoints"
+    stopped: list[Finished] = []
+    path = pipeline(name, bootstrap, source, sink, tmp_path, "fail", trigger="0.5s")
+    running = Later(
+        0, lambda: stopped.append(eos_subprocess("run", str(path), "--failpoint", "source.plan=pause(120)"))
+    )
+    wait_for(lambda: failpoints.is_dir() and any(failpoints.glob("source_plan*")), 120, "epoch 0's first plan")
+    bad = {"b0": bad_value(0), "b1": bad_value(1)}
+    for key, value in [("g40", good_value(40)), ("b0", bad["b0"]), ("g41", good_value(41)), ("b1", bad["b1"])]:
+        out.produce(source, value, key.encode(), headers=[("origin", b"test-producer")] if key == "b0" else None)
+    assert out.flush(30) == 0
+    release(failpoints)
+    running.join()
+    [finished] = stopped
+    assert finished.returncode != 0 and "cannot decode the record" in finished.output, finished.output[-3000:]
+    for logged in (tmp_path / "ck" / "offsets").iterdir():
+        if logged.name.isdigit():
+            main, poison = logged.read_text().splitlines()[2:]
+            assert main == poison, (logged.name, main, poison)
+    assert output_ids(bootstrap, sink) == Counter(range(40))  # epoch 0; epoch 1 stopped at b0
+
+    resumed = eos_subprocess("run", str(pipeline(name, bootstrap, source, sink, tmp_path, "dlq", dlq)))
+    assert resumed.returncode == 0, resumed.output[-3000:]
+    assert_exactly_once(list(range(42)), output_ids(bootstrap, sink))
+    check_dlq(bootstrap, dlq, source, name, bad)
+
+
 def test_skip_outputs_exactly_the_good_records_and_counts_the_rest(
     spark, bootstrap, new_topic, unique_name, tmp_path, capsys
 ):
@@ -214,9 +266,9 @@ def test_dlq_exactly_once_across_a_kill_at_every_failpoint(point, bootstrap, new
     name = unique_name("p")
     path = pipeline(name, bootstrap, source, sink, tmp_path, "dlq", dlq)
 
-    # Epoch 1 holds good and poison records (60 records an epoch, a poison record every 25). A
-    # source read task does not know its epoch: source.read kills the first read (epoch 0).
-    spec = f"{point}=kill" if point == "source.read" else f"{point}=kill@epoch=1"
+    # Epoch 1 holds good and poison records (60 records an epoch, a poison record every 25). The
+    # source's points cannot know the epoch: they kill at the first plan or read (epoch 0).
+    spec = f"{point}=kill" if point not in PROTOCOL_POINTS else f"{point}=kill@epoch=1"
     crashed = eos_subprocess("run", str(path), "--failpoint", spec)
     assert crashed.killed, crashed.output[-3000:]
     # The failpoint fired (its firing is recorded in the checkpoint: a task's own "kill -9 at"

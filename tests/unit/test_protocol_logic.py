@@ -181,3 +181,13 @@ def test_a_failed_attempt_names_the_python_exception_spark_quotes():
     )
     assert reason_of(RuntimeError(text)).startswith("KafkaException: KafkaError{code=_TIMED_OUT")
     assert reason_of(RuntimeError("something odd\nmore")) == "RuntimeError: something odd"
+
+
+def test_the_source_failpoints_fire_by_count_and_refuse_an_epoch():
+    from eos.failpoints import PROTOCOL_POINTS, parse
+
+    assert "source.plan" not in PROTOCOL_POINTS and "sink.after_precommit" in PROTOCOL_POINTS
+    [point] = parse("source.plan=pause(5)@times=2")
+    assert (point.name, point.action, point.arg, point.times) == ("source.plan", "pause", 5.0, 2)
+    with pytest.raises(ValueError, match=r"source\.plan cannot know its epoch; use times=N"):
+        parse("source.plan=kill@epoch=1")

@@ -40,7 +40,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from eos.api import Failpoints, PoisonRecord, SourceFailed, crossing, parse_failpoints
+from eos.api import Failpoints, PoisonRecord, SharedEnds, SourceFailed, crossing, parse_failpoints
 from eos_connectors.kafka import offsets as planning
 from eos_connectors.kafka.clients import (
     BrokerUnreachable,
@@ -80,10 +80,18 @@ class ReaderOptions:
     on_out_of_range: str = "fail"
     group_id: str | None = None  # consumer group for lag monitoring
     broker_wait_s: float = 120.0  # how long planning retries an unreachable broker before failing
-    failpoints: list[str] = field(default_factory=list)  # armed `source.read` specs (tests)
+    failpoints: list[str] = field(default_factory=list)  # armed `source.*` specs (tests)
     failpoint_state: str = ""
     driver_pgid: int = 0
     poison_scan: bool = False  # the pipeline's second scan, for poison rows only (eos.protocol.source)
+    shared_ends: SharedEnds | None = None  # where every scan of the source takes each epoch's ends
+
+    def failpoints_armed(self) -> Failpoints | None:
+        return (
+            Failpoints(parse_failpoints(self.failpoints), self.failpoint_state, self.driver_pgid)
+            if self.failpoints
+            else None
+        )
 
     def encode(self) -> str:
         return base64.b64encode(pickle.dumps(self)).decode()
@@ -211,10 +219,9 @@ def _null_where(array: Any, mask: Any) -> Any:
 
 
 def read_ranges(options: ReaderOptions, ranges: list[tuple[str, int, int, int]]) -> Iterator[Any]:
-    if options.failpoints:
-        Failpoints(parse_failpoints(options.failpoints), options.failpoint_state, options.driver_pgid).hit(
-            "source.read", slot=ranges[0][1] if ranges else None
-        )
+    armed = options.failpoints_armed()
+    if armed is not None:
+        armed.hit("source.read", slot=ranges[0][1] if ranges else None)
     reader = _cached_consumer(options)
     for topic, partition, start, end in ranges:
         yield from _read_one(options, reader, topic, partition, start, end)
@@ -254,7 +261,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self._admin: Any = None
         self._group: GroupPublisher | None = None
+        self._available_now = False
         self._available_now_target: planning.Offsets | None = None
+        self._rounds = 0  # Spark's planning rounds this scan was asked in (eos.protocol.barrier)
 
     @property
     def admin(self) -> Any:
@@ -306,16 +315,23 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return end_offsets(self.admin, partitions, read_committed=self.options.read_committed)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._available_now_target = self._latest()
+        # The target is taken at this scan's first plan of its own, right after this: a scan that
+        # takes another scan's ends (eos.protocol.barrier) never needs one, nor a Kafka client.
+        self._available_now = True
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         with crossing():
-            return self._plan(start, limit)
+            self._rounds += 1
+            if self.options.shared_ends is None:
+                return self._plan(start, limit)
+            return self.options.shared_ends.agree(self._rounds, start, lambda: self._plan(start, limit))
 
     def _plan(self, start: dict, limit: ReadLimit) -> dict:
         begin = planning.decode(start)
-        latest = self._available_now_target if self._available_now_target is not None else self._latest()
-        if self._available_now_target is None:
+        if self._available_now and self._available_now_target is None:
+            self._available_now_target = self._latest()
+        latest = self._available_now_target if self._available_now else self._latest()
+        if not self._available_now:
             vanished = {tp for tp in begin if tp not in latest}
             if vanished:
                 raise SourceFailed(
@@ -330,6 +346,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"source {self.options.name}: {tp[0]}/{tp[1]} ends at offset {end}, before offset {begin[tp]} "
                     "already read (topic recreated?); refusing to continue"
                 )
+        armed = self.options.failpoints_armed()
+        if armed is not None:
+            armed.hit("source.plan")
         return planning.encode(ends)
 
     def partitions(self, start: dict, end: dict) -> list[KafkaRanges]:

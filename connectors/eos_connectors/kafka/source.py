@@ -200,6 +200,7 @@ class KafkaSource(SourceConnector):
             failpoint_state=options.failpoint_state,
             driver_pgid=options.driver_pgid,
             poison_scan=poison_scan,
+            shared_ends=options.shared_ends(self.name),
         )
         _register(spark)
         raw = spark.readStream.format(FORMAT_NAME).option("eos.source", reader.encode()).load()
