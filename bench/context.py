@@ -60,19 +60,20 @@ class Plan:
         return configurations * math.ceil(self.rounds / configurations)
 
     def estimates(self) -> dict[str, float]:
-        """Seconds each section is expected to take (for the ETA), from runs on the 2-core machine."""
+        """Seconds each section is expected to take (for the ETA): fixed seconds per run plus
+        records over the rates of the full run of 2026-11-25 on the 2-core machine (53 min)."""
         records = self.events * 1.08  # duplicates and the heartbeat
-        # eos exactly-once, at-least-once, Spark, raw, raw transactional: fixed seconds + records/s
-        round_s = 21 + records * (1 / 13_000 + 1 / 16_000 + 1 / 25_000 + 1 / 60_000 + 1 / 40_000)
-        warmup = 4 * (8 + records / 50_000)  # the throughput section warms up on its own input
-        perf = self.rounds * (20 + self.perf_records / 60_000)
+        # eos exactly-once and at-least-once ~75,000 records/s, Spark ~70,000, the raw loops ~100,000
+        round_s = 5 * 1.2 + records * (2 / 75_000 + 1 / 70_000 + 2 / 100_000)
+        warmup = 4 * (5 + records / 60_000)  # the throughput section warms up on its own input
+        perf = self.rounds * (8 + self.perf_records / 400_000)
         latency = (
-            len(self.latency_triggers) * 3 * self.latency_runs * (self.latency_warmup_s + self.latency_measure_s + 12)
+            len(self.latency_triggers) * 3 * self.latency_runs * (self.latency_warmup_s + self.latency_measure_s + 4)
         )
-        scaling_run = 8 + self.scaling_events * 1.08 / 13_000
-        small_epochs = self.scaling_events * 1.08 / min(self.scaling_epoch_records) * 1.2
+        scaling_run = 1.5 + self.scaling_events * 1.08 / 90_000
+        small_epochs = self.scaling_events * 1.08 / min(self.scaling_epoch_records) * 0.15
         return {
-            "setup": 40 + self.events / 20_000,
+            "setup": 15 + self.events / 40_000,
             "throughput": warmup + self.throughput_rounds(5) * 2 * round_s + perf,
             "latency": latency,
             "protocol": 0,
@@ -82,18 +83,18 @@ class Plan:
                 + len(self.scaling_epoch_records) * 2 * scaling_run
                 + small_epochs
             ),
-            "recovery": len(self.recovery_points) * self.recovery_runs * 60,
-            "memory": self.memory_duration_s + 60,
-            "failpoints": 20 + self.failpoint_rounds * 3 * self.failpoint_records / 200_000,
-            "producer": 15 if self.quick else 45,
-            "profile": 40 + 4 * (10 + self.profile_events * 1.08 / 12_000),
-            "peers": 60 + self.rounds * 2 * (3 * 15 + 3 * records / 10_000),
-            "epochcost": self.rounds * 2 * (10 + self.epoch_cost_events * 1.08 / self.epoch_cost_records * 0.3),
-            "skew": self.rounds * 2 * (10 + records / 13_000)
-            + self.skew_latency_runs * 2 * (self.latency_warmup_s + self.latency_measure_s + 12),
+            "recovery": len(self.recovery_points) * self.recovery_runs * 40,
+            "memory": self.memory_duration_s + 25,
+            "failpoints": 3 + self.failpoint_rounds * 3 * self.failpoint_records / 1_000_000,
+            "producer": 5 if self.quick else 10,
+            "profile": 20 + 4 * (6 + self.profile_events * 1.08 / 25_000),
+            "peers": 30 + self.rounds * 2 * (3 * 6 + records * (1 / 80_000 + 1 / 25_000 + 1 / 60_000)),
+            "epochcost": self.rounds * 2 * (2 + self.epoch_cost_events * 1.08 / self.epoch_cost_records * 0.11),
+            "skew": self.rounds * 2 * (2 + records / 80_000)
+            + self.skew_latency_runs * 2 * (self.latency_warmup_s + self.latency_measure_s + 3),
             "cluster": 40
-            + self.cluster_rounds * (1 + len(self.cluster_cores)) * (45 + self.cluster_events * 1.08 / 8_000),
-            "postgres": 20 + self.rounds * 2 * (10 + records / 15_000),
+            + self.cluster_rounds * (1 + len(self.cluster_cores)) * (12 + self.cluster_events * 1.08 / 15_000),
+            "postgres": 10 + self.rounds * 2 * (1 + records / 80_000),
         }
 
 

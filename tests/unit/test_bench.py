@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench import cli, report
-from bench.context import QUICK, Bench
-from bench.env import Progress, machine
+from bench.context import FULL, QUICK, Bench
+from bench.env import REPO, Progress, machine
 from bench.evaluate import targets
 from bench.inputs import count_records, expected_stateless_out, make_input
 from bench.rawloop import run_loop
@@ -185,3 +185,14 @@ def test_a_merge_on_a_fresh_clone_keeps_the_other_sections_from_the_tracked_resu
     tracked.unlink()
     latest.unlink()
     assert cli.merge_source(latest, quick=False) is None
+
+
+def test_the_plan_estimates_the_tracked_full_run_within_a_quarter() -> None:
+    """The ETA comes from these estimates: before they were refitted they added up to 121 min for
+    the 53-minute run of 2026-11-25. The tracked results hold a full run's length to check against."""
+    first = report._first_run(json.loads((REPO / "docs" / "benchmarks.json").read_text())["meta"])
+    assert first["command"] == "python -m bench" and not first["quick"], first["command"]
+    estimates = FULL.estimates()
+    planned = estimates["setup"] + sum(estimates[section] for section in first["sections_run"])
+    measured = first["duration_s"] - first["load"]["waited_s"]
+    assert 0.75 < planned / measured < 1.25, (planned / 60, measured / 60)
