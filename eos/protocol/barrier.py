@@ -59,13 +59,19 @@ class SharedEnds:
         try:
             with os.fdopen(descriptor, "w") as out:
                 json.dump(ends, out)
-            # A link never replaces an entry: were two scans ever planned at once, the first to
-            # publish would win and the other would take its ends.
-            os.link(written, entry)
-        except FileExistsError:
-            return json.loads(entry.read_text())
+            try:
+                # A link never replaces an entry: were two scans ever planned at once, the first
+                # to publish would win and the other would take its ends.
+                os.link(written, entry)
+            except FileExistsError:
+                return json.loads(entry.read_text())
+            except OSError:
+                # A filesystem without hard links: Spark asks the scans one after the other, so
+                # a plain atomic rename publishes just as well there.
+                os.replace(written, entry)
         finally:
-            os.unlink(written)
+            with contextlib.suppress(FileNotFoundError):  # renamed into place
+                os.unlink(written)
         _prune(folder, entry)
         return ends
 

@@ -84,3 +84,15 @@ def test_each_source_gets_a_folder_of_its_own_and_the_ends_travel_pickled(tmp_pa
     assert orders is not None and users is not None and orders.folder != users.folder
     assert pickle.loads(pickle.dumps(orders)) == orders
     assert StreamOptions(parallelism=2).shared_ends("orders") is None
+
+
+def test_a_filesystem_without_hard_links_still_publishes(tmp_path: Path, monkeypatch):
+    def no_links(src: str, dst: str) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    ends = SharedEnds(str(tmp_path), "run1")
+    assert ends.agree(1, START, Planner({"orders": {"0": 160, "1": 300}})) == {"orders": {"0": 160, "1": 300}}
+    taken = Planner({})
+    assert ends.agree(1, START, taken) == {"orders": {"0": 160, "1": 300}} and taken.calls == 0
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
