@@ -40,7 +40,9 @@ POINTS: dict[str, str] = {
 ACTIONS = ("kill", "raise", "pause")
 # The source's points cannot know the epoch's number: a plan is made before Spark numbers the
 # epoch, and a read task is not told it. `epoch=` is refused for them; they fire by `times=`.
-PROTOCOL_POINTS = tuple(name for name in POINTS if not name.startswith("source."))
+# The runner ships them to the source's reader; the protocol's points fire in eos itself.
+SOURCE_POINTS = tuple(name for name in POINTS if name.startswith("source."))
+PROTOCOL_POINTS = tuple(name for name in POINTS if name not in SOURCE_POINTS)
 
 _SPEC = re.compile(r"^\s*(?P<name>[a-z_.]+)\s*=\s*(?P<action>[a-z]+)(?:\((?P<arg>[0-9.]+)\))?\s*(?:@(?P<cond>.*))?$")
 
@@ -92,7 +94,7 @@ def parse(specs: str | list[str]) -> tuple[Failpoint, ...]:
             if key not in ("epoch", "slot", "attempt", "times") or not value.strip().isdigit():
                 raise ValueError(f"failpoint {item!r}: bad condition {cond!r}")
             fields[key] = int(value)
-        if "epoch" in fields and name not in PROTOCOL_POINTS:
+        if "epoch" in fields and name in SOURCE_POINTS:
             raise ValueError(f"failpoint {item!r}: {name} cannot know its epoch; use times=N instead of epoch=N")
         points.append(Failpoint(name, action, float(match.group("arg") or 0), **fields))
     return tuple(points)

@@ -29,7 +29,7 @@ from typing import Any
 
 from eos.config import PipelineConfig, load_pipeline, parse_duration
 from eos.errors import CheckpointError, ConfigError, EosError, EpochFailed, from_spark
-from eos.failpoints import from_specs
+from eos.failpoints import SOURCE_POINTS, from_specs
 from eos.pipeline import Connectors, build, connectors, pipeline_info, replay_config
 from eos.protocol.checkpoint import Checkpoint, CheckpointMeta
 from eos.protocol.committer import EpochCommitter
@@ -277,7 +277,7 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
         run_id = uuid.uuid4().hex[:12]
         options_ = StreamOptions(
             parallelism=int(meta.replay["parallelism"]),
-            failpoints=[p.spec() for p in failpoints.points if p.name.startswith("source.")],
+            failpoints=[p.spec() for p in failpoints.points if p.name in SOURCE_POINTS],
             failpoint_state=failpoints.state_dir,
             driver_pgid=failpoints.driver_pgid,
             barriers=str(checkpoint.scratch_dir() / "barriers"),

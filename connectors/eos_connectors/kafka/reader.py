@@ -328,10 +328,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _plan(self, start: dict, limit: ReadLimit) -> dict:
         begin = planning.decode(start)
-        if self._available_now and self._available_now_target is None:
-            self._available_now_target = self._latest()
-        latest = self._available_now_target if self._available_now else self._latest()
-        if not self._available_now:
+        if self._available_now:
+            if self._available_now_target is None:
+                self._available_now_target = self._latest()
+            latest = self._available_now_target
+        else:
+            latest = self._latest()
             vanished = {tp for tp in begin if tp not in latest}
             if vanished:
                 raise SourceFailed(
