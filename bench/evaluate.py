@@ -10,9 +10,14 @@ from bench.stats import line_fit, ratio_summary, summarize, verdict
 MEMORY_SERIES = (
     ("driver (eos, Python) RSS", "driver", "rss_sum_mib"),
     ("Spark JVM RSS", "spark_jvm", "rss_sum_mib"),
+    ("Spark JVM live heap (after a full GC)", "spark_heap", "live_mib"),
+    ("Spark JVM outside the heap (RSS - resident heap)", "spark_heap", "outside_heap_mib"),
     ("Python workers PSS (sum)", "python_workers", "pss_sum_mib"),
     ("Python workers RSS (largest)", "python_workers", "rss_max_mib"),
 )
+# With the heap rows measured, the JVM's RSS is reported without a verdict: G1 touches more of its
+# heap towards the cap as it goes, so RSS grows without a leak; a leak shows in one of the two rows.
+RSS_SPLIT = {"spark_jvm": "spark_heap"}
 FLAT = 1.10
 
 
@@ -113,7 +118,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, str]]:
                     "measured": f"peak {v['peak']:,.0f} MiB (last third)",
                     "baseline": f"peak {v['baseline']:,.0f} MiB (first third)",
                     "value": f"{v['ratio']:.2f}×",
-                    "target": f"≤ {FLAT}×",
+                    "target": v["target"],
                     "verdict": v["verdict"],
                 }
             )
@@ -150,6 +155,7 @@ def memory_verdicts(section: dict[str, Any]) -> list[dict[str, Any]]:
         last = [v for t, v, _ in series if t >= end - third]
         _, slope, _ = line_fit([t / 60 for t, _, _ in series], [v for _, v, _ in series])
         ratio = max(last) / max(first) if first and last and max(first) else float("nan")
+        split = cls in RSS_SPLIT and any(RSS_SPLIT[cls] in s for s in steady)
         out.append(
             {
                 "what": what,
@@ -158,7 +164,8 @@ def memory_verdicts(section: dict[str, Any]) -> list[dict[str, Any]]:
                 "ratio": ratio,
                 "slope": slope,
                 "processes": f"{min(p for _, _, p in series)}–{max(p for _, _, p in series)}",
-                "verdict": verdict(ratio, FLAT, higher_is_better=False),
+                "verdict": "reported" if split else verdict(ratio, FLAT, higher_is_better=False),
+                "target": "reported (the heap rows judge)" if split else f"≤ {FLAT:.2f}×",
             }
         )
     return out

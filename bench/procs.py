@@ -9,6 +9,7 @@ across process boundaries; py-spy (bench/profiling.py) then says where inside Py
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,6 +159,62 @@ def memory_by_class(driver: int, broker: int | None) -> dict[str, dict[str, floa
         entry["pss_sum_mib"] += pss_kib(pid) / 1024
         entry["processes"] += 1
     return {k: {m: round(v, 1) for m, v in d.items()} for k, d in out.items()}
+
+
+def spark_jvms(driver: int) -> list[int]:
+    """The Spark JVMs of the driver's process tree (one in local mode)."""
+    procs = snapshot()
+    return sorted(pid for pid, cls in classify(driver, None, procs).items() if cls == "spark_jvm")
+
+
+# G1's line in `jcmd PID GC.heap_info`: "garbage-first heap   total 262144K, used 123456K [0xf0.., 0x10..)"
+# (JDK 17) or "total reserved 1048576K, committed 262144K, used 123456K [...)" (JDK 21+).
+_HEAP = re.compile(
+    r"heap\s+total (?:reserved \d+K, committed )?(?P<committed>\d+)K, used (?P<used>\d+)K"
+    r"\s*\[0x(?P<low>[0-9a-f]+),\s*0x(?P<high>[0-9a-f]+)\)"
+)
+
+
+def resident_kib(pid: int, low: int, high: int) -> int:
+    """RSS of the process's mappings inside [low, high) (from /proc/PID/smaps)."""
+    total, inside = 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split(" ", 1)[0]
+        if "-" in head and not head.endswith(":"):
+            start, end = (int(x, 16) for x in head.split("-"))
+            inside = start < high and end > low
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def live_heap(pid: int, timeout_s: float = 30.0) -> dict[str, float] | None:
+    """The JVM's heap right after a full collection (`jcmd PID GC.run`, i.e. System.gc()): what is
+    live, what the heap has committed, and the JVM's memory outside the heap (its RSS minus the
+    heap's resident pages: RocksDB, Arrow buffers, metaspace, threads). None when jcmd cannot
+    attach or its output is not understood.
+
+    Why: a JVM's RSS grows as G1 touches more of its heap, up to -Xmx, leak or not. The live heap
+    after a full collection grows only with what the program keeps, and the memory outside the
+    heap only with native allocations."""
+    import subprocess
+
+    try:
+        run = subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, text=True, timeout=timeout_s)
+        info = subprocess.run(["jcmd", str(pid), "GC.heap_info"], capture_output=True, text=True, timeout=timeout_s)
+        match = _HEAP.search(info.stdout)
+        proc = _read(pid)
+        if run.returncode != 0 or match is None or proc is None:
+            return None
+        heap_rss = resident_kib(pid, int(match["low"], 16), int(match["high"], 16))
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    return {
+        "live_mib": round(int(match["used"]) / 1024, 1),
+        "committed_mib": round(int(match["committed"]) / 1024, 1),
+        "outside_heap_mib": round((proc.rss_kib - heap_rss) / 1024, 1),
+        "processes": 1,
+    }
 
 
 def worker_roots(driver: int) -> list[int]:

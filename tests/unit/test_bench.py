@@ -196,3 +196,66 @@ def test_the_plan_estimates_the_tracked_full_run_within_a_quarter() -> None:
     planned = estimates["setup"] + sum(estimates[section] for section in first["sections_run"])
     measured = first["duration_s"] - first["load"]["waited_s"]
     assert 0.75 < planned / measured < 1.25, (planned / 60, measured / 60)
+
+
+def test_the_live_heap_of_a_real_jvm_is_read_after_a_full_collection(tmp_path: Path) -> None:
+    """A JVM holding 48 MiB live (in 64 KiB arrays: G1 gives an array of half a region or more a
+    region of its own) plus 200 MiB it dropped: jcmd's full collection leaves the live part, the
+    committed heap is at least that, and the rest of its RSS is outside the heap."""
+    import subprocess
+
+    from bench.procs import live_heap
+
+    source = tmp_path / "Hold.java"
+    source.write_text(
+        "public class Hold { public static void main(String[] a) throws Exception {"
+        " byte[][] kept = new byte[768][]; for (int i = 0; i < 768; i++) kept[i] = new byte[1 << 16];"
+        " for (int i = 0; i < 200; i++) { byte[] g = new byte[1 << 20]; g[0] = 1; }"
+        ' System.out.println("ready"); System.out.flush(); Thread.sleep(60_000); System.out.println(kept.length); } }'
+    )
+    jvm = subprocess.Popen(
+        ["java", "-Xmx256m", "-XX:+UseG1GC", str(source)], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    try:
+        assert jvm.stdout is not None and jvm.stdout.readline().strip() == "ready"
+        heap = live_heap(jvm.pid)
+        assert heap is not None
+        assert 48 <= heap["live_mib"] < 100, heap
+        assert heap["committed_mib"] >= heap["live_mib"], heap
+        assert heap["outside_heap_mib"] > 0, heap
+    finally:
+        jvm.kill()
+        jvm.wait()
+
+
+def test_a_jvm_whose_heap_fills_towards_its_cap_is_judged_by_its_live_heap() -> None:
+    """RSS grows 1.3x as G1 commits heap; the live heap and the memory outside it stay flat: the
+    JVM's RSS row is reported, the heap rows are met. A live heap that grows is MISSED."""
+    from bench.evaluate import memory_verdicts
+
+    def run(live_growth: float) -> dict[str, dict]:
+        samples = []
+        for i in range(100):
+            t = i * 6.0
+            sample = {"t_s": t, "spark_jvm": {"rss_sum_mib": 900 + 0.5 * t, "processes": 1}}
+            if i % 10 == 5:
+                live = 200 + live_growth * t
+                sample["spark_heap"] = {"live_mib": live, "outside_heap_mib": 400.0, "processes": 1}
+            samples.append(sample)
+        return {v["what"]: v for v in memory_verdicts({"duration_s": 600, "samples": samples})}
+
+    flat = run(0.0)
+    assert flat["Spark JVM RSS"]["ratio"] > 1.1 and flat["Spark JVM RSS"]["verdict"] == "reported"
+    assert flat["Spark JVM live heap (after a full GC)"]["verdict"] == "met"
+    assert flat["Spark JVM outside the heap (RSS - resident heap)"]["verdict"] == "met"
+    leaking = run(0.5)
+    assert leaking["Spark JVM live heap (after a full GC)"]["verdict"] == "MISSED"
+    without_heap = memory_verdicts(
+        {
+            "duration_s": 600,
+            "samples": [
+                {"t_s": i * 6.0, "spark_jvm": {"rss_sum_mib": 900 + 3.0 * i, "processes": 1}} for i in range(100)
+            ],
+        }
+    )
+    assert without_heap[0]["verdict"] == "MISSED"  # no heap rows: RSS judges, as before
