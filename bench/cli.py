@@ -38,6 +38,7 @@ SECTIONS = (
     "memory",
     "failpoints",
     "producer",
+    "transactions",
     "profile",
 )
 RESULTS = REPO / "bench" / "results"

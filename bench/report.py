@@ -350,10 +350,13 @@ def protocol(results: dict[str, Any]) -> list[str]:
     section = results.get("protocol")
     out = ["## 3. Protocol cost per epoch", ""]
     problem = failed(section, "protocol")
+    # The producer and transactions sections measure parts of an epoch on their own: shown even
+    # when they ran without the epochs (`--sections producer,transactions`).
+    alone = producer_startup(results) + transaction_cost(results)
     if problem:
-        return out + problem
+        return out + problem + alone
     if not section.get("sets"):
-        return [*out, "_No epochs to analyse (run the throughput and latency sections)._", ""]
+        return [*out, "_No epochs to analyse (run the throughput and latency sections)._", "", *alone]
     out += [
         "Where an epoch's time goes, from eos's own per-slot timings and Spark's progress (the epochs of the",
         "stateless runs of sections 1 and 2). Baseline: the epoch's `triggerExecution`; each share is the phase's",
@@ -403,7 +406,7 @@ def protocol(results: dict[str, Any]) -> list[str]:
         ]
     )
     out += table(header_row, rows)
-    out += producer_startup(results)
+    out += alone
     agreement = section.get("agreement_ms")
     if agreement:
         out += [
@@ -443,6 +446,62 @@ def producer_startup(results: dict[str, Any]) -> list[str]:
         "",
         *table(["variant", "median", "p90", "max", "> 400 ms", "baseline", "ratio"], rows),
     ]
+
+
+def transaction_cost(results: dict[str, Any]) -> list[str]:
+    """The broker CPU of an exactly-once epoch's transactions (bench/sections/transactions.py),
+    beside what the throughput section measured: exactly-once's broker CPU over at-least-once's."""
+    section = results.get("transactions")
+    if not section or "error" in section:
+        return []
+    summary = section["summary"]
+    base = summary["idempotent"]["broker_cpu_ms"]
+    rows = [
+        [
+            shape,
+            f"{v['broker_cpu_ms']:.1f} ms [{v['low']:.1f}–{v['high']:.1f}]",
+            f"{v['client_ms']:.1f} ms",
+            "idempotent" if shape != "idempotent" else "–",
+            f"{v['broker_cpu_ms'] / base:.2f}×" if shape != "idempotent" and base > 0 else "–",
+        ]
+        for shape, v in summary.items()
+    ]
+    out = [
+        f"**What transactions cost the broker** (`bench/sections/transactions.py`): the shapes of an epoch's "
+        f"writes produced alone with the sink's producer settings, {section['units']} of each per block, "
+        f"{section['rounds']} alternating rounds; broker CPU from /proc per unit, an idle block's subtracted. "
+        f"A slot's share is {section['records_per_slot']:,} records over {section['partitions']} partitions "
+        "(idempotent: at-least-once's slot; in a transaction with one record on the ledger's partition: "
+        "exactly-once's slot); the decision is one record in a transaction:",
+        "",
+        *table(["shape", "broker CPU per unit", "client time per unit", "baseline", "ratio"], rows),
+    ]
+    line = (
+        f"An exactly-once epoch ({section['slots']} slot transactions and the decision) so adds "
+        f"**~{section['epoch_extra_ms']:.0f} ms** of broker CPU over an at-least-once one"
+    )
+    measured = _broker_cpu_per_epoch(results)
+    if measured is not None:
+        line += (
+            f"; the throughput section measured **{measured:.0f} ms** per epoch (exactly-once's broker CPU over "
+            "at-least-once's, stateless, median of the paired rounds over the epochs)"
+        )
+    return [*out, line + ".", ""]
+
+
+def _broker_cpu_per_epoch(results: dict[str, Any]) -> float | None:
+    try:
+        runs = results["throughput"]["pipelines"]["stateless"]["runs"]
+        eo, alo = runs["eos exactly-once"], runs["eos at-least-once"]
+    except (KeyError, TypeError):
+        return None
+    by_round = {r.get("round"): r for r in alo}
+    diffs = [
+        (r["cpu"]["broker"] - by_round[r.get("round")]["cpu"]["broker"]) * 1e3 / max(1, len(r["epochs"]))
+        for r in eo
+        if r.get("round") in by_round and "cpu" in r and "cpu" in by_round[r.get("round")]
+    ]
+    return summarize(diffs).median if diffs else None
 
 
 def recovery(results: dict[str, Any]) -> list[str]:

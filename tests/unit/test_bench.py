@@ -259,3 +259,24 @@ def test_a_jvm_whose_heap_fills_towards_its_cap_is_judged_by_its_live_heap() -> 
         }
     )
     assert without_heap[0]["verdict"] == "MISSED"  # no heap rows: RSS judges, as before
+
+
+def test_the_transactions_section_measures_the_broker_and_renders(kafka, bootstrap: str, tmp_path: Path) -> None:
+    """The quick transactions section against the test broker's process: every shape measured in
+    every round, the epoch's extra derived from them, and its paragraph in the report."""
+    from bench.sections import transactions
+
+    if kafka.kind != "local":
+        pytest.skip(f"the broker's CPU is read from /proc: the Kafka under test is {kafka.kind}, not a local process")
+    bench = Bench(QUICK, bootstrap, kafka.broker.pid(), None, tmp_path, tmp_path, Progress({}))
+    result = transactions.run(bench)
+    assert all(len(v) == result["rounds"] for v in result["broker_cpu_ms"].values())
+    summary = result["summary"]
+    assert set(summary) == {"idempotent", "slot transaction", "decision transaction"}
+    assert all(v["client_ms"] > 0 and v["low"] <= v["broker_cpu_ms"] <= v["high"] for v in summary.values())
+    slot, idem, decision = (
+        summary[s]["broker_cpu_ms"] for s in ("slot transaction", "idempotent", "decision transaction")
+    )
+    assert result["epoch_extra_ms"] == pytest.approx(2 * (slot - idem) + decision, abs=0.11)
+    text = "\n".join(report.transaction_cost({"transactions": result}))
+    assert "What transactions cost the broker" in text and f"~{result['epoch_extra_ms']:.0f} ms" in text
