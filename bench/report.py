@@ -469,7 +469,8 @@ def transaction_cost(results: dict[str, Any]) -> list[str]:
     out = [
         f"**What transactions cost the broker** (`bench/sections/transactions.py`): the shapes of an epoch's "
         f"writes produced alone with the sink's producer settings, {section['units']} of each per block, "
-        f"{section['rounds']} alternating rounds; broker CPU from /proc per unit, an idle block's subtracted. "
+        f"{section['rounds']} alternating rounds after {section.get('warmup_rounds', 0)} discarded ones; broker "
+        "CPU from /proc per unit, the round's idle block subtracted. "
         f"A slot's share is {section['records_per_slot']:,} records over {section['partitions']} partitions "
         "(idempotent: at-least-once's slot; in a transaction with one record on the ledger's partition: "
         "exactly-once's slot); the decision is one record in a transaction:",
@@ -478,7 +479,9 @@ def transaction_cost(results: dict[str, Any]) -> list[str]:
     ]
     line = (
         f"An exactly-once epoch ({section['slots']} slot transactions and the decision) so adds "
-        f"**~{section['epoch_extra_ms']:.0f} ms** of broker CPU over an at-least-once one"
+        f"**~{section['epoch_extra_ms']:.0f} ms** of broker CPU over an at-least-once one (median of the rounds' "
+        f"own differences, {section.get('epoch_extra_low_ms', section['epoch_extra_ms']):.0f}–"
+        f"{section.get('epoch_extra_high_ms', section['epoch_extra_ms']):.0f} ms)"
     )
     measured = _broker_cpu_per_epoch(results)
     if measured is not None:
