@@ -87,7 +87,7 @@ class Plan:
             "memory": self.memory_duration_s + 25,
             "failpoints": 3 + self.failpoint_rounds * 3 * self.failpoint_records / 1_000_000,
             "producer": 5 if self.quick else 10,
-            "transactions": 10 if self.quick else 30,
+            "transactions": 15 if self.quick else 70,
             "profile": 20 + 4 * (6 + self.profile_events * 1.08 / 25_000),
             "peers": 30 + self.rounds * 2 * (3 * 6 + records * (1 / 80_000 + 1 / 25_000 + 1 / 60_000)),
             "epochcost": self.rounds * 2 * (2 + self.epoch_cost_events * 1.08 / self.epoch_cost_records * 0.11),
