@@ -175,6 +175,9 @@ _HEAP = re.compile(
 )
 
 
+_HISTOGRAM_TOTAL = re.compile(r"^Total\s+\d+\s+(?P<bytes>\d+)\s*$", re.MULTILINE)
+
+
 def resident_kib(pid: int, low: int, high: int) -> int:
     """RSS of the process's mappings inside [low, high) (from /proc/PID/smaps)."""
     total, inside = 0, False
@@ -188,30 +191,34 @@ def resident_kib(pid: int, low: int, high: int) -> int:
     return total
 
 
-def live_heap(pid: int, timeout_s: float = 30.0) -> dict[str, float] | None:
-    """The JVM's heap right after a full collection (`jcmd PID GC.run`, i.e. System.gc()): what is
-    live, what the heap has committed, and the JVM's memory outside the heap (its RSS minus the
-    heap's resident pages: RocksDB, Arrow buffers, metaspace, threads). None when jcmd cannot
-    attach or its output is not understood.
+def live_heap(pid: int, timeout_s: float = 60.0) -> dict[str, float] | None:
+    """The JVM's live heap, from `jcmd PID GC.class_histogram` (a full collection, then the bytes of
+    every object still reachable), what its heap has committed, and its memory outside the heap
+    (its RSS minus the heap's resident pages: RocksDB, Arrow buffers, metaspace, threads). None
+    when jcmd cannot attach or its output is not understood.
 
     Why: a JVM's RSS grows as G1 touches more of its heap, up to -Xmx, leak or not. The live heap
-    after a full collection grows only with what the program keeps, and the memory outside the
-    heap only with native allocations."""
+    grows only with what the program keeps, and the memory outside the heap only with native
+    allocations. (`GC.run` then `GC.heap_info` would not do: the program allocates again in the
+    half second between two jcmd calls, and "used" swung from 116 to 239 MiB on a flat run.)"""
     import subprocess
 
     try:
-        run = subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, text=True, timeout=timeout_s)
+        histogram = subprocess.run(
+            ["jcmd", str(pid), "GC.class_histogram"], capture_output=True, text=True, timeout=timeout_s
+        )
         info = subprocess.run(["jcmd", str(pid), "GC.heap_info"], capture_output=True, text=True, timeout=timeout_s)
-        match = _HEAP.search(info.stdout)
+        total = _HISTOGRAM_TOTAL.search(histogram.stdout)
+        heap = _HEAP.search(info.stdout)
         proc = _read(pid)
-        if run.returncode != 0 or match is None or proc is None:
+        if total is None or heap is None or proc is None:
             return None
-        heap_rss = resident_kib(pid, int(match["low"], 16), int(match["high"], 16))
+        heap_rss = resident_kib(pid, int(heap["low"], 16), int(heap["high"], 16))
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return None
     return {
-        "live_mib": round(int(match["used"]) / 1024, 1),
-        "committed_mib": round(int(match["committed"]) / 1024, 1),
+        "live_mib": round(int(total["bytes"]) / 2**20, 1),
+        "committed_mib": round(int(heap["committed"]) / 1024, 1),
         "outside_heap_mib": round((proc.rss_kib - heap_rss) / 1024, 1),
         "processes": 1,
     }

@@ -678,11 +678,11 @@ def memory(results: dict[str, Any]) -> list[str]:
         f"{section['duration_s'] / 60:.0f} min ({section['epochs']} epochs), sampled every 2 s. Baseline: the peak "
         "over the first third after a warm-up of a fifth of the run; ratio: the peak over the last third to it. "
         "Flat = ratio ≤ 1.10. RSS of the driver and the JVM; for the Python workers the PSS sum (shared pages "
-        "counted once) and, beside it, the largest worker's RSS. The JVM is also made to run a full collection "
-        "(`jcmd GC.run`) every tenth of the run: its live heap after it, and its memory outside the heap (RSS "
-        "minus the heap's resident pages: RocksDB, Arrow buffers, metaspace). When those are measured they judge "
-        "the JVM, and its RSS is only reported: G1 touches more of its heap towards the cap (1 GiB) as it goes, "
-        "leak or not.",
+        "counted once) and, beside it, the largest worker's RSS. Every tenth of the run the JVM's live heap is "
+        "counted (`jcmd GC.class_histogram`: a full collection, then the reachable objects' bytes), and its memory "
+        "outside the heap (RSS minus the heap's resident pages: RocksDB, Arrow buffers, metaspace). When those are "
+        "measured they judge the JVM, and its RSS is only reported: G1 touches more of its heap towards the cap "
+        "(1 GiB) as it goes, leak or not.",
         "",
     ]
     rows = []

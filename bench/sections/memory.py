@@ -8,9 +8,9 @@ RSS would count several times). Flat means: after the warm-up (the first fifth o
 peak of the last third is within 10% of the peak of the first third (the baseline), and the
 fitted slope is small. The JVM's heap is capped by spark.driver.memory (1g, PySpark's default),
 and G1 touches more of it as it goes, so the JVM's RSS may grow towards the cap without a leak:
-every tenth of the run the JVM is also made to run a full collection (`jcmd GC.run`), and its
-live heap and its memory outside the heap (RSS minus the heap's resident pages: RocksDB, Arrow,
-metaspace) are the JVM's verdicts.
+every tenth of the run the JVM's live heap is also counted (`jcmd GC.class_histogram`: a full
+collection, then the bytes of the reachable objects); that and the JVM's memory outside the heap
+(RSS minus the heap's resident pages: RocksDB, Arrow, metaspace) are the JVM's verdicts.
 """
 
 from __future__ import annotations
