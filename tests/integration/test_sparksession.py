@@ -103,3 +103,18 @@ def test_the_zip_stays_where_spark_may_run_another_python(tmp_path, monkeypatch)
     other.symlink_to(Path(sys.executable).resolve())
     assert compiled_spark_home(str(other)) is None
     assert compiled_spark_home(None) is None
+
+
+def test_the_status_store_keeps_few_sql_executions_while_the_ui_is_off(spark):
+    # Spark keeps 1,000 by default, each with its plan graph and metrics; a pipeline runs two or
+    # three per epoch, and nobody sees them while the UI is off.
+    import time
+
+    for _ in range(60):
+        spark.range(1).collect()
+    store = spark._jsparkSession.sharedState().statusStore()
+    deadline = time.monotonic() + 20
+    while store.executionsCount() > 50 and time.monotonic() < deadline:
+        time.sleep(0.2)  # the listener bus applies the cleanup after the executions end
+    assert store.executionsCount() <= 50
+    assert spark.sparkContext.getConf().get("spark.sql.ui.retainedExecutions") == "50"
