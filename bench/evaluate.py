@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.runs import ALO, BUILTIN, EO, RAW
-from bench.stats import line_fit, ratio_summary, summarize, verdict
+from bench.stats import by_round, line_fit, ratio_summary, summarize, verdict
 
 MEMORY_SERIES = (
     ("driver (eos, Python) RSS", "driver", "rss_sum_mib"),
@@ -31,9 +31,9 @@ def _fmt_ratio(s: Any) -> str:
     return f"{s['median']:.2f}×" + (f" [{s['low']:.2f}–{s['high']:.2f}]" if s["n"] > 1 else "")
 
 
-def _paired(runs: dict[str, list[dict[str, Any]]], config: str, base: str, key: str = "rps_wall") -> Any:
-    by_round = {r["round"]: r for r in runs.get(base, [])}
-    pairs = [(r, by_round[r["round"]]) for r in runs.get(config, []) if r["round"] in by_round]
+def paired_ratio(runs: dict[str, list[dict[str, Any]]], config: str, base: str, key: str = "rps_wall") -> Any:
+    """`key` of `config` over `base`, round by round."""
+    pairs = by_round(runs.get(config, []), runs.get(base, []))
     return ratio_summary([a.get(key) for a, _ in pairs], [b.get(key) for _, b in pairs])
 
 
@@ -58,7 +58,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, str]]:
             (ALO, 0.95, "eos at-least-once"),
             (RAW, 0.5, "raw confluent-kafka loop"),
         ):
-            s = _paired(runs, EO, base)
+            s = paired_ratio(runs, EO, base)
             rows.append(
                 {
                     "name": f"throughput, {pipeline}: exactly-once vs {label}",
@@ -190,7 +190,7 @@ def peer_targets(results: dict[str, Any]) -> list[dict[str, str]]:
         runs = data["runs"]
         where = f"{pipeline}, {data['input']['partitions']} partition(s)"
         for base, target in ((QUIX, 1.0), (KSTREAMS, None)):
-            s = _paired(runs, EO, base)
+            s = paired_ratio(runs, EO, base)
             rows.append(
                 {
                     "name": f"throughput, {where}: exactly-once vs {base}",
@@ -234,7 +234,7 @@ def skew_targets(results: dict[str, Any]) -> list[dict[str, str]]:
         return []
     rows = []
     tp = section["throughput"]
-    s = _paired({"s": tp.get("skewed", []), "u": tp.get("uniform", [])}, "s", "u")
+    s = paired_ratio({"s": tp.get("skewed", []), "u": tp.get("uniform", [])}, "s", "u")
     rows.append(
         {
             "name": f"skew, throughput: one partition at {section['hot']}× vs uniform",
@@ -268,7 +268,7 @@ def postgres_targets(results: dict[str, Any]) -> list[dict[str, str]]:
     runs = section.get("runs") or {}
     if not runs.get("eos"):
         return []
-    s = _paired(runs, "eos", "copy", key="rows_per_s")
+    s = paired_ratio(runs, "eos", "copy", key="rows_per_s")
     return [
         {
             "name": "PostgreSQL sink (exactly-once) vs a psycopg COPY loop",
@@ -288,21 +288,21 @@ def cluster_targets(results: dict[str, Any]) -> list[dict[str, str]]:
     runs = section.get("runs") or []
     if not runs:
         return []
-    local = {r["round"]: r for r in runs if r["where"] == LOCAL}
+    local = [r for r in runs if r["where"] == LOCAL]
     rows = []
     for cores in CORES:
         rs = [r for r in runs if r["where"] != LOCAL and r["cores"] == cores]
         if not rs:
             continue
-        paired = [(r, local[r["round"]]) for r in rs if r["round"] in local]
+        paired = by_round(rs, local)
         s = ratio_summary([a["rps_steady"] for a, _ in paired], [b["rps_steady"] for _, b in paired])
         epoch = summarize([r["epoch_s"]["median"] for r in rs])
-        base_epoch = summarize([r["epoch_s"]["median"] for r in local.values()])
+        base_epoch = summarize([r["epoch_s"]["median"] for r in local])
         rows.append(
             {
                 "name": f"standalone cluster, {cores} executor core(s) vs local[2] (stateless, exactly-once)",
                 "measured": f"{_rate(rs, 'rps_steady', 'rec/s over epochs')}, median epoch {epoch.median:.2f} s",
-                "baseline": f"local[2]: {_rate(list(local.values()), 'rps_steady', 'rec/s over epochs')}, median epoch "
+                "baseline": f"local[2]: {_rate(local, 'rps_steady', 'rec/s over epochs')}, median epoch "
                 f"{base_epoch.median:.2f} s",
                 "value": _fmt_ratio(s),
                 "target": "report (scale-out)",

@@ -11,10 +11,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench.evaluate import noise_band, targets
+from bench.evaluate import noise_band, paired_ratio, targets
 from bench.runs import ALO, BUILTIN, CONFIGS, EO, RAW, RAW_TXN, SPARK_CONFIGS
 from bench.sections.protocol import PHASES
-from bench.stats import line_fit, ratio_summary, summarize
+from bench.stats import by_round, line_fit, ratio_summary, summarize
 
 NOTES = Path(__file__).resolve().parent / "NOTES.md"
 PHASE_NAMES = {
@@ -241,8 +241,7 @@ def throughput(results: dict[str, Any]) -> list[str]:
             a, b = runs.get(config, []), runs.get(base, [])
             if not a or not b:
                 continue
-            by_round = {r["round"]: r for r in b}
-            paired = [(r, by_round[r["round"]]) for r in a if r["round"] in by_round]
+            paired = by_round(a, b)
             wall = ratio_summary([x["rps_wall"] for x, _ in paired], [y["rps_wall"] for _, y in paired])
             ep = ratio_summary([x.get("rps_epochs") for x, _ in paired], [y.get("rps_epochs") for _, y in paired])
             rows.append(
@@ -498,11 +497,10 @@ def _broker_cpu_per_epoch(results: dict[str, Any]) -> float | None:
         eo, alo = runs["eos exactly-once"], runs["eos at-least-once"]
     except (KeyError, TypeError):
         return None
-    by_round = {r.get("round"): r for r in alo}
     diffs = [
-        (r["cpu"]["broker"] - by_round[r.get("round")]["cpu"]["broker"]) * 1e3 / max(1, len(r["epochs"]))
-        for r in eo
-        if r.get("round") in by_round and "cpu" in r and "cpu" in by_round[r.get("round")]
+        (a["cpu"]["broker"] - b["cpu"]["broker"]) * 1e3 / max(1, len(a["epochs"]))
+        for a, b in by_round(eo, alo)
+        if "cpu" in a and "cpu" in b
     ]
     return summarize(diffs).median if diffs else None
 
@@ -881,12 +879,6 @@ def _cpu(rs: list[dict[str, Any]]) -> str:
     return span(summarize([r.get("cpu_us_per_record") for r in rs]), 1)
 
 
-def _paired_rows(runs: dict[str, list[dict[str, Any]]], config: str, base: str, key: str = "rps_wall") -> Any:
-    by_round = {r["round"]: r for r in runs.get(base, [])}
-    pairs = [(r, by_round[r["round"]]) for r in runs.get(config, []) if r["round"] in by_round]
-    return ratio_summary([a.get(key) for a, _ in pairs], [b.get(key) for _, b in pairs])
-
-
 def peers(results: dict[str, Any]) -> list[str]:
     from bench.sections.peers import CONFIGS as PEER_CONFIGS
 
@@ -927,7 +919,7 @@ def peers(results: dict[str, Any]) -> list[str]:
                     _cpu(rs),
                     span(peer_cpu, 1) if peer_cpu.n else "–",
                     n(summarize([r["records_out"] for r in rs]).median),
-                    ratio(_paired_rows(runs, EO, config)) if config != EO else "–",
+                    ratio(paired_ratio(runs, EO, config)) if config != EO else "–",
                 ]
             )
         out += table(
@@ -1012,7 +1004,7 @@ def skew(results: dict[str, Any]) -> list[str]:
         rs = tp.get(label, [])
         rows.append([label, span(summarize([r["rps_wall"] for r in rs])), _cpu(rs),
                      span(summarize([r["records_out"] for r in rs]))])  # fmt: skip
-    pairs = _paired_rows({"s": tp.get("skewed", []), "u": tp.get("uniform", [])}, "s", "u")
+    pairs = paired_ratio({"s": tp.get("skewed", []), "u": tp.get("uniform", [])}, "s", "u")
     out += table(["input", "records/s (wall)", "CPU µs/record", "records out"], rows)
     out += [f"Skewed / uniform throughput (paired): **{ratio(pairs)}**.", ""]
     rows = []
@@ -1058,13 +1050,13 @@ def cluster(results: dict[str, Any]) -> list[str]:
     by = {}
     for r in runs:
         by.setdefault((r["where"], r["cores"]), []).append(r)
-    local_by_round = {r["round"]: r for r in runs if r["where"] == LOCAL}
+    local = [r for r in runs if r["where"] == LOCAL]
     rows = []
     for key in [(LOCAL, 2), *(("standalone", c) for c in CORES)]:
         rs = by.get(key, [])
         if not rs:
             continue
-        paired = [(r, local_by_round[r["round"]]) for r in rs if r["round"] in local_by_round]
+        paired = by_round(rs, local)
         rows.append(
             [
                 f"{key[0]}, {key[1]} core(s)",
@@ -1126,7 +1118,7 @@ def postgres(results: dict[str, Any]) -> list[str]:
         rows.append([label, span(summarize([r["rows_per_s"] for r in rs])), _cpu(rs),
                      n(summarize([r["rows_counted"] for r in rs]).median)])  # fmt: skip
     out += table(["configuration", "rows/s (wall)", "CPU µs/input record", "rows"], rows)
-    out += [f"eos / COPY loop (paired): **{ratio(_paired_rows(runs, 'eos', 'copy', 'rows_per_s'))}**.", ""]
+    out += [f"eos / COPY loop (paired): **{ratio(paired_ratio(runs, 'eos', 'copy', 'rows_per_s'))}**.", ""]
     return out
 
 
@@ -1151,7 +1143,7 @@ def readme_peers(results: dict[str, Any]) -> str:
                     config,
                     n(summarize([r["rps_wall"] for r in rs]).median),
                     n(summarize([r.get("cpu_us_per_record") for r in rs]).median, 0),
-                    ratio(_paired_rows(runs, EO, config)) if config != EO else "1.00×",
+                    ratio(paired_ratio(runs, EO, config)) if config != EO else "1.00×",
                 ]
             )
     meta = run_of(results.get("meta", {}), "peers")

@@ -11,6 +11,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,12 @@ def percentile(values: Sequence[float], q: float) -> float:
     below = math.floor(rank)
     above = min(below + 1, len(ordered) - 1)
     return ordered[below] + (ordered[above] - ordered[below]) * (rank - below)
+
+
+def by_round(runs: Sequence[dict[str, Any]], baselines: Sequence[dict[str, Any]]) -> list[tuple[dict, dict]]:
+    """Each run with the baseline run of the same round (runs whose round has none are dropped)."""
+    base = {r["round"]: r for r in baselines}
+    return [(r, base[r["round"]]) for r in runs if r["round"] in base]
 
 
 def paired_ratios(values: Sequence[float], baselines: Sequence[float]) -> list[float]:
