@@ -44,6 +44,14 @@ def _read(pid: int) -> ProcInfo | None:
     return ProcInfo(pid, ppid, cmdline, ticks, children, rss)
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) the process has used so far."""
+    info = _read(pid)
+    if info is None:
+        raise ProcessLookupError(f"process {pid} is gone")
+    return info.cpu_ticks / CLK_TCK
+
+
 def snapshot() -> dict[int, ProcInfo]:
     procs = {}
     for entry in os.listdir("/proc"):
@@ -170,7 +178,7 @@ def spark_jvms(driver: int) -> list[int]:
 # G1's line in `jcmd PID GC.heap_info`: "garbage-first heap   total 262144K, used 123456K [0xf0.., 0x10..)"
 # (JDK 17) or "total reserved 1048576K, committed 262144K, used 123456K [...)" (JDK 21+).
 _HEAP = re.compile(
-    r"heap\s+total (?:reserved \d+K, committed )?(?P<committed>\d+)K, used (?P<used>\d+)K"
+    r"heap\s+total (?:reserved \d+K, committed )?(?P<committed>\d+)K, used \d+K"
     r"\s*\[0x(?P<low>[0-9a-f]+),\s*0x(?P<high>[0-9a-f]+)\)"
 )
 

@@ -19,13 +19,12 @@ rounds are discarded first, and the epoch's extra is the median of each round's 
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 from bench.context import Bench
 from bench.inputs import delete_topics
+from bench.procs import cpu_seconds
 from bench.stats import summarize
 from eos_connectors.kafka.clients import admin_client, connect, create_topic, producer
 from eos_connectors.kafka.sink import PRODUCER_BATCHING
@@ -35,25 +34,19 @@ SETTLE_S = 0.5
 VALUE = b"x" * 40  # the bench's Avro values are 40.5 bytes on average
 
 
-def broker_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _block(client: Any, shape: str, units: int, records: int, out: str, ledger: str) -> float:
     """Produce `units` of `shape`; the client's seconds (the broker settles after)."""
+    transactional = shape != "idempotent"  # with one record on the ledger (slot) or alone (decision)
     started = time.perf_counter()
     for _ in range(units if shape != "idle" else 0):
-        transactional = shape != "idempotent"
         if transactional:
             client.begin_transaction()
         for i in range(records if shape != "decision transaction" else 0):
             client.produce(out, VALUE, key=str(i).encode())
             if i % 10_000 == 0:
                 client.poll(0)
-        if shape != "idempotent":
-            client.produce(ledger, b'{"kind": "entry"}')
         if transactional:
+            client.produce(ledger, b'{"kind": "entry"}')
             client.commit_transaction(30)
         else:
             client.flush(30)
@@ -90,10 +83,10 @@ def run(bench: Bench) -> dict[str, Any]:
                 cpu_ms, client_ms = {s: [] for s in SHAPES}, {s: [] for s in SHAPES}
             for shape in SHAPES if r % 2 == 0 else SHAPES[::-1]:
                 time.sleep(SETTLE_S)
-                before = broker_cpu_s(bench.broker_pid)
+                before = cpu_seconds(bench.broker_pid)
                 took = _block(clients.get(shape), shape, units, records, out, ledger)
                 time.sleep(SETTLE_S)
-                cpu_ms[shape].append((broker_cpu_s(bench.broker_pid) - before) * 1e3)
+                cpu_ms[shape].append((cpu_seconds(bench.broker_pid) - before) * 1e3)
                 client_ms[shape].append(took * 1e3 / units)
     finally:
         for client in clients.values():
