@@ -11,6 +11,12 @@ from eos_ops import jvm, localkafka, localpg
 from eos_ops.hdfs import HdfsPorts
 
 
+def span_from(first: int, count: int) -> list[int]:
+    """The ports a LocalCluster uses from one draw. (Drawn once: a comprehension that called
+    free_port per port compared six independent draws, and two of them overlapped now and then.)"""
+    return [first + i for i in range(count)]
+
+
 def outside_ephemeral_range(ports: list[int]) -> bool:
     low, high = jvm.ephemeral_range()
     return all(not low <= port <= high for port in ports)
@@ -21,7 +27,7 @@ def outside_ephemeral_range(ports: list[int]) -> bool:
     [
         pytest.param(lambda: jvm.free_ports(6), id="jvm.free_ports"),
         pytest.param(lambda: list(vars(HdfsPorts.choose()).values()), id="HdfsPorts.choose"),
-        pytest.param(lambda: [localkafka.free_port(span=6) + i for i in range(6)], id="localkafka.free_port"),
+        pytest.param(lambda: span_from(localkafka.free_port(span=6), 6), id="localkafka.free_port"),
         pytest.param(lambda: [localpg.free_port()], id="localpg.free_port"),
     ],
 )
