@@ -96,6 +96,33 @@ def classify(driver: int, broker: int | None, procs: dict[int, ProcInfo]) -> dic
     return classes
 
 
+# HotSpot's JIT compiler threads ("C1 CompilerThread0", cut to 15 characters by the kernel).
+_JIT_THREAD = re.compile(r"C[12] CompilerThre")
+
+
+def jit_ticks(pids: list[int]) -> dict[tuple[int, int], int]:
+    """(pid, tid) -> CPU ticks of each JIT compiler thread of these JVMs."""
+    out: dict[tuple[int, int], int] = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            except OSError:
+                continue
+            if _JIT_THREAD.fullmatch(stat[stat.index("(") + 1 : stat.rindex(")")]):
+                fields = stat[stat.rindex(")") + 2 :].split()
+                out[(pid, int(tid))] = int(fields[11]) + int(fields[12])
+    return out
+
+
+def _jvms(classes: dict[int, str]) -> list[int]:
+    return [pid for pid, cls in classes.items() if cls == "spark_jvm"]
+
+
 def machine_busy_ticks() -> tuple[int, int]:
     """(busy, total) jiffies of all CPUs since boot."""
     fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -111,14 +138,16 @@ class CpuMeter:
 
     def start(self) -> None:
         self._before = snapshot()
+        self._jit_before = jit_ticks(_jvms(classify(self.driver, self.broker, self._before)))
         self._machine_before = machine_busy_ticks()
         self._t0 = time.monotonic()
 
     def stop(self) -> dict[str, float]:
         after = snapshot()
+        classes = classify(self.driver, self.broker, after)
+        jit_after = jit_ticks(_jvms(classes))
         busy_after, _ = machine_busy_ticks()
         wall = time.monotonic() - self._t0
-        classes = classify(self.driver, self.broker, after)
         # Processes that existed before too are counted by their difference, new ones fully. A
         # process's exited children are counted where they belong: the JVM's are Python
         # processes it ran (the Python data source's planner runners), the driver's are tools.
@@ -135,6 +164,12 @@ class CpuMeter:
         machine = (busy_after - self._machine_before[0]) / CLK_TCK
         result = {k: round(v, 2) for k, v in used.items()}
         result["other"] = round(max(0.0, machine - ours), 2)
+        # Part of spark_jvm, not added to it again: the JIT compiling the JVM's code while the run
+        # went on (Spark plans every micro-batch anew, and its planner's code is compiled slowly:
+        # bench/NOTES.md, 2026-11-25, evening). A lower bound: HotSpot may end an idle compiler
+        # thread, and an ended thread's CPU is no longer listed per thread.
+        jit = sum(max(0, t - self._jit_before.get(key, 0)) for key, t in jit_after.items())
+        result["spark_jit"] = round(jit / CLK_TCK, 2)
         result["wall_s"] = round(wall, 2)
         result["cores"] = os.cpu_count() or 1
         return result

@@ -263,15 +263,21 @@ def cpu_table(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
         busy = summarize(
             [(sum(r["cpu"].get(c, 0) for c in classes)) / (r["cpu"]["wall_s"] * r["cpu"]["cores"]) for r in rs]
         ).median
-        rows.append([config, *[n(per[c], 1) for c in classes], n(100 * busy, 0) + "%"])
+        jit = [r["cpu"]["spark_jit"] / r["records_in"] * 1e6 for r in rs if "spark_jit" in r["cpu"]]
+        jit_text = n(summarize(jit).median, 1) if jit else "–"
+        rows.append(
+            [config, n(per["spark_jvm"], 1), jit_text, *[n(per[c], 1) for c in classes[1:]], n(100 * busy, 0) + "%"]
+        )
     return [
         "CPU per record, µs of CPU time per input record by process (median over runs; `other` is the rest of the",
-        "machine: other engineers' processes). `busy` is how much of both cores was in use during the run.",
+        "machine: other engineers' processes). `busy` is how much of both cores was in use during the run. `of which",
+        "JIT` is the part of the Spark JVM's CPU that its JIT compiler threads used during the run (a lower bound).",
         "",
         *table(
             [
                 "configuration",
                 "Spark JVM",
+                "of which JIT",
                 "Python workers",
                 "driver (Python)",
                 "broker",

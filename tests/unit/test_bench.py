@@ -228,6 +228,45 @@ def test_the_live_heap_of_a_real_jvm_is_read_after_a_full_collection(tmp_path: P
         jvm.wait()
 
 
+def test_the_jit_compiler_threads_of_a_real_jvm_are_found(tmp_path: Path) -> None:
+    """A JVM that compiles a source file and then loops has used CPU in its JIT compiler threads;
+    one started with -Xint (interpreter only) has none."""
+    import subprocess
+
+    from bench.procs import jit_ticks
+
+    source = tmp_path / "Spin.java"
+    source.write_text(
+        "public class Spin { public static void main(String[] a) throws Exception {"
+        " long x = 0; for (int i = 0; i < Integer.parseInt(a[0]); i++) x += Integer.toString(i).length();"
+        ' System.out.println("ready " + x); System.out.flush(); Thread.sleep(60_000); } }'
+    )
+    found = {}
+    subprocess.run(["javac", str(source)], check=True, cwd=tmp_path)
+    for flags, loops in (([], "20000000"), (["-Xint"], "0")):
+        jvm = subprocess.Popen(
+            ["java", *flags, "-cp", str(tmp_path), "Spin", loops], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+        )
+        try:
+            assert jvm.stdout is not None and jvm.stdout.readline().startswith("ready")
+            found[" ".join(flags)] = jit_ticks([jvm.pid])
+        finally:
+            jvm.kill()
+            jvm.wait()
+    assert found[""] and sum(found[""].values()) > 0, found
+    assert found["-Xint"] == {}, found
+
+
+def test_the_cpu_table_shows_the_jvm_s_jit_share() -> None:
+    from bench.report import cpu_table
+
+    cpu = {"spark_jvm": 8.0, "spark_jit": 2.0, "python_workers": 3.0, "driver": 0.2, "broker": 0.5, "tools": 0.0}
+    runs = {"eos exactly-once": [{"records_in": 1_000_000, "cpu": {**cpu, "other": 0.0, "wall_s": 8.0, "cores": 2}}]}
+    header, _, row = [line for line in cpu_table(runs) if line.startswith("|")][:3]
+    assert "of which JIT" in header
+    assert row.split("|")[2:4] == [" 8.0 ", " 2.0 "], row
+
+
 def test_a_jvm_whose_heap_fills_towards_its_cap_is_judged_by_its_live_heap() -> None:
     """RSS grows 1.3x as G1 touches more heap; the live heap and the memory outside it stay flat: the
     JVM's RSS row is reported, the heap rows are met. A live heap that grows is MISSED."""
