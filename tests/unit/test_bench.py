@@ -229,8 +229,8 @@ def test_the_live_heap_of_a_real_jvm_is_read_after_a_full_collection(tmp_path: P
 
 
 def test_the_jit_compiler_threads_of_a_real_jvm_are_found(tmp_path: Path) -> None:
-    """A JVM that compiles a source file and then loops has used CPU in its JIT compiler threads;
-    one started with -Xint (interpreter only) has none."""
+    """A JVM that has run a hot loop has used CPU in its JIT compiler threads; one started with
+    -Xint (interpreter only) has none."""
     import subprocess
 
     from bench.procs import jit_ticks
