@@ -15,7 +15,7 @@ import pytest
 from eos_connectors.kafka import ids
 from tests.faults.test_fault_matrix import eos_verify, run_until_done
 from tests.pipelines import eos_subprocess, passthrough_pipeline, produce_numbered, run_in_process, write_pipeline
-from tests.support import Later, independent_committed_values, wait_for
+from tests.support import Later, independent_committed_values, wait_for, wait_for_topic
 
 pytestmark = pytest.mark.slow
 
@@ -130,16 +130,21 @@ def test_the_ledger_is_replicated_like_the_data_it_protects(cluster, bootstrap, 
     client = {"bootstrap.servers": bootstrap}
     ledger = unique_name("eos-ledger")
     ensure_ledger_topic(client, ledger)
+    # The controller has committed the topic; the broker this admin asks may learn of it a moment
+    # later (once, in a clean-clone run, describe_topics right away found no such topic).
+    wait_for_topic(admin, ledger, 1)
     assert describe_topics(admin, [ledger])[ledger].replication == 3
     settings = topic_settings(admin, ledger)
     assert settings["min.insync.replicas"] == "2" and settings["cleanup.policy"] == "compact"
 
     retained = unique_name("eos-ledger")
     create_topic(admin, retained, 1, 3, config={"cleanup.policy": "delete"})
+    wait_for_topic(admin, retained, 1)
     with pytest.raises(ConfigError, match=r"cleanup\.policy=delete"):
         ensure_ledger_topic(client, retained)
 
     thin = unique_name("eos-ledger")
     create_topic(admin, thin, 1, 1, config={"cleanup.policy": "compact"})
+    wait_for_topic(admin, thin, 1)
     ensure_ledger_topic(client, thin)
     assert f"the ledger topic {thin} has replication factor 1 on a cluster of 3 brokers" in capsys.readouterr().err
