@@ -66,10 +66,14 @@ def ensure_ledger_topic(client: dict[str, Any], topic: str, admin: Any = None) -
             config["min.insync.replicas"] = "2"
         if create_topic(admin, topic, 1, replication, config=config):
             return
-        # Someone else created it in the meantime: check theirs.
-        settings, have = topic_settings(admin, topic), describe_topics(admin, [topic])[topic]
+        # It exists: someone else created it in the meantime, or a moment ago and the broker asked
+        # had not learnt of it yet. Check theirs.
+        settings, have = _once_visible(admin, topic)
     else:
-        settings = asked_settings.result()
+        try:
+            settings = asked_settings.result()
+        except Exception:  # a broker that has not yet learnt of the topic the describe found
+            settings, have = _once_visible(admin, topic)
     if "compact" not in settings.get("cleanup.policy", ""):
         raise ConfigError(
             f"the ledger topic {topic} has cleanup.policy={settings.get('cleanup.policy')}: retention would delete "
@@ -83,6 +87,30 @@ def ensure_ledger_topic(client: dict[str, Any], topic: str, admin: Any = None) -
         )
         log.warning(message)
         print(message, file=sys.stderr, flush=True)
+
+
+def _once_visible(admin: Any, topic: str, timeout_s: float = 10.0) -> tuple[dict[str, str], TopicInfo]:
+    """The topic's settings and description, asked again for a while if the broker asked does not
+    know the topic yet: CreateTopics returns when the controller has committed a topic, and each
+    broker learns of it a moment later."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return topic_settings(admin, topic), describe_topics(admin, [topic])[topic]
+        except Exception as exc:
+            if not _unknown_topic(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
+
+
+def _unknown_topic(exc: BaseException) -> bool:
+    from confluent_kafka import KafkaError, KafkaException
+
+    if isinstance(exc, UnknownTopic):
+        return True
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    unknown = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+    return isinstance(error, KafkaError) and error.code() in unknown
 
 
 def _described(admin: Any, topic: str) -> TopicInfo | None:
