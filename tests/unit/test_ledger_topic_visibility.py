@@ -1,6 +1,6 @@
 """The ledger topic is checked even when the broker asked has not yet learnt of it: CreateTopics
 returns once the controller has committed a topic, and each broker learns of it a moment later.
-Pure logic: the admin calls are replaced by a broker that knows the topic only from its third
+Pure logic: the admin calls are replaced by a broker that knows the topic only from its fourth
 question on."""
 
 from __future__ import annotations

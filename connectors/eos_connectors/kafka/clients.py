@@ -121,7 +121,7 @@ class TopicInfo:
 
 def describe_topics(admin, topics: Iterable[str], timeout: float = 10.0) -> dict[str, TopicInfo]:
     """Partitions and ids of topics (one request); raises UnknownTopic, BrokerUnreachable."""
-    from confluent_kafka import KafkaError, KafkaException, TopicCollection
+    from confluent_kafka import KafkaException, TopicCollection
 
     names = list(topics)
     if not names:
@@ -132,8 +132,7 @@ def describe_topics(admin, topics: Iterable[str], timeout: float = 10.0) -> dict
         try:
             description = future.result()
         except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            if error is not None and error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+            if _names_unknown_topic(exc):
                 raise UnknownTopic(name) from None
             raise BrokerUnreachable(str(exc)) from exc
         partitions = sorted(p.id for p in description.partitions)
@@ -175,11 +174,26 @@ def broker_setting(admin, key: str, timeout: float = 10.0) -> str | None:
 
 
 def topic_settings(admin, topic: str, timeout: float = 10.0) -> dict[str, str]:
+    """The topic's configuration; raises UnknownTopic for a topic the broker asked does not know."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     resource = ConfigResource(ResourceType.TOPIC, topic)
-    configs = admin.describe_configs([resource], request_timeout=timeout)[resource].result()
+    try:
+        configs = admin.describe_configs([resource], request_timeout=timeout)[resource].result()
+    except KafkaException as exc:
+        if _names_unknown_topic(exc):
+            raise UnknownTopic(topic) from None
+        raise
     return {key: entry.value for key, entry in configs.items()}
+
+
+def _names_unknown_topic(exc: BaseException) -> bool:
+    from confluent_kafka import KafkaError
+
+    error = exc.args[0] if exc.args else None
+    unknown = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+    return isinstance(error, KafkaError) and error.code() in unknown
 
 
 def create_topic(

@@ -72,7 +72,7 @@ def ensure_ledger_topic(client: dict[str, Any], topic: str, admin: Any = None) -
     else:
         try:
             settings = asked_settings.result()
-        except Exception:  # a broker that has not yet learnt of the topic the describe found
+        except UnknownTopic:  # a broker that has not yet learnt of the topic the describe found
             settings, have = _once_visible(admin, topic)
     if "compact" not in settings.get("cleanup.policy", ""):
         raise ConfigError(
@@ -97,20 +97,10 @@ def _once_visible(admin: Any, topic: str, timeout_s: float = 10.0) -> tuple[dict
     while True:
         try:
             return topic_settings(admin, topic), describe_topics(admin, [topic])[topic]
-        except Exception as exc:
-            if not _unknown_topic(exc) or time.monotonic() > deadline:
+        except UnknownTopic:
+            if time.monotonic() > deadline:
                 raise
         time.sleep(0.1)
-
-
-def _unknown_topic(exc: BaseException) -> bool:
-    from confluent_kafka import KafkaError, KafkaException
-
-    if isinstance(exc, UnknownTopic):
-        return True
-    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    unknown = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
-    return isinstance(error, KafkaError) and error.code() in unknown
 
 
 def _described(admin: Any, topic: str) -> TopicInfo | None:
