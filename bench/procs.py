@@ -29,14 +29,19 @@ class ProcInfo:
     rss_kib: int
 
 
+def _split_stat(stat: str) -> tuple[str, list[str]]:
+    """A /proc stat line's command (or thread) name and the fields after it. The name may hold
+    spaces and parentheses: it ends at the last ')'."""
+    return stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+
+
 def _read(pid: int) -> ProcInfo | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return None
-    # The command name may hold spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
+    _, fields = _split_stat(stat)
     ppid = int(fields[1])
     ticks = int(fields[11]) + int(fields[12])
     children = int(fields[13]) + int(fields[14])
@@ -113,8 +118,8 @@ def jit_ticks(pids: list[int]) -> dict[tuple[int, int], int]:
                 stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
             except OSError:
                 continue
-            if _JIT_THREAD.fullmatch(stat[stat.index("(") + 1 : stat.rindex(")")]):
-                fields = stat[stat.rindex(")") + 2 :].split()
+            name, fields = _split_stat(stat)
+            if _JIT_THREAD.fullmatch(name):
                 out[(pid, int(tid))] = int(fields[11]) + int(fields[12])
     return out
 
