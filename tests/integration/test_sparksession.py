@@ -1,15 +1,18 @@
-"""The SparkSession eos builds: its Python processes import PySpark compiled, not from Spark's zip, and
-keep their imports out of the collection PySpark runs after every task."""
+"""The SparkSession eos builds: its Python processes import PySpark compiled, not from Spark's zip, have
+no Spark jar on their path, and keep their imports out of the collection PySpark runs after every
+task."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyspark
 
-from eos.sparksession import compiled_spark_home
+from eos.sparksession import compiled_spark_home, python_launcher
 
 PACKAGE = Path(pyspark.__file__).resolve().parent
 
@@ -27,6 +30,45 @@ def test_local_python_workers_import_the_installed_pyspark_not_the_zip(spark):
     assert len(seen) == 1
     assert ".zip" not in seen[0], seen[0]
     assert Path(seen[0]).resolve().parent == PACKAGE
+
+
+def _jars_on_the_path(_rows):
+    import sys as worker_sys
+
+    yield [entry for entry in worker_sys.path if entry.endswith(".jar")]
+
+
+def test_local_python_workers_have_no_spark_jar_on_their_path(spark):
+    # Spark appends its spark-core jar to every Python process's path; Python read the jar's
+    # ~6,000-entry directory in each of them (30 ms), and again at its first task.
+    [seen] = spark.sparkContext.parallelize([0], 1).mapPartitions(_jars_on_the_path).collect()
+    assert seen == [], seen
+
+
+def test_the_launcher_takes_only_spark_s_jar_off_the_path_and_runs_the_interpreter(tmp_path, monkeypatch):
+    monkeypatch.setenv("EOS_HOME", str(tmp_path / "eos home"))
+    # An interpreter path with a space and a quote, as the launcher must pass it on intact.
+    python = tmp_path / "a venv's bin" / "python"
+    python.parent.mkdir()
+    python.symlink_to(sys.executable)
+    launcher = python_launcher(str(python))
+    assert launcher is not None and launcher.is_relative_to(tmp_path / "eos home")
+    assert python_launcher(str(python)) == launcher  # made once, then reused
+    path = [
+        "/spark/python/lib/pyspark.zip",
+        "/spark/jars/spark-core_2.13-4.3.0.jar",
+        "/other dir/with space",
+        "/mine/tool.jar",
+        "*",
+    ]
+    shown = subprocess.run(
+        [str(launcher), "-c", "import os, sys; print(sys.executable); print(os.environ['PYTHONPATH'])"],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert shown == [str(python), os.pathsep.join(p for p in path if "spark-core" not in p)]
 
 
 def _collection_after_a_task_side_call(_rows):
