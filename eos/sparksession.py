@@ -6,6 +6,7 @@ import hashlib
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -175,14 +176,20 @@ def python_launcher(python: str) -> Path | None:
     launcher = eos_home() / "spark-python" / hashlib.sha256(text.encode()).hexdigest()[:12]
     if launcher.is_file():
         return launcher
+    partial = None
     try:
         launcher.parent.mkdir(parents=True, exist_ok=True)
         descriptor, partial = tempfile.mkstemp(dir=launcher.parent, prefix=".")
         with os.fdopen(descriptor, "w") as out:
             out.write(text)
         os.chmod(partial, 0o755)
+        # Run it once before Spark does: on a filesystem mounted noexec, or without /bin/sh,
+        # every Python process Spark starts would fail.
+        subprocess.run([partial, "-c", ""], check=True, timeout=60, capture_output=True)
         os.replace(partial, launcher)
-    except OSError:
+    except (OSError, subprocess.SubprocessError):
+        if partial is not None:
+            Path(partial).unlink(missing_ok=True)
         return None
     return launcher
 

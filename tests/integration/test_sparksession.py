@@ -71,6 +71,13 @@ def test_the_launcher_takes_only_spark_s_jar_off_the_path_and_runs_the_interpret
     assert shown == [str(python), os.pathsep.join(p for p in path if "spark-core" not in p)]
 
 
+def test_a_launcher_that_cannot_run_is_not_used(tmp_path, monkeypatch):
+    # As on a filesystem mounted noexec: Spark's Python processes would all fail to start.
+    monkeypatch.setenv("EOS_HOME", str(tmp_path))
+    assert python_launcher(str(tmp_path / "no-such-python")) is None
+    assert list((tmp_path / "spark-python").iterdir()) == []  # nothing half-made left behind
+
+
 def _collection_after_a_task_side_call(_rows):
     import gc
 
