@@ -21,7 +21,8 @@ Every process binds to `host` (127.0.0.1): SPARK_LOCAL_IP makes the web UIs and 
 bind there, SPARK_LOCAL_HOSTNAME makes executors advertise it instead of the machine's name.
 
 How executors find Python: the driver tells them. `submit` sets `spark.pyspark.python` (and
-PYSPARK_PYTHON in every process's environment) to this interpreter, `sys.executable`: master,
+PYSPARK_PYTHON in every process's environment) to this interpreter, `sys.executable`, through
+eos's launcher that takes Spark's jar off its path (eos.sparksession.python_launcher): master,
 workers and driver share the machine, so the venv's path is valid for every executor. A real
 multi-host deployment cannot rely on that path. Either ship the environment with the job
 (`venv-pack -o env.tar.gz`, then `spark-submit --archives env.tar.gz#environment
@@ -48,7 +49,7 @@ from pathlib import Path
 
 from eos.errors import EnvironmentProblem
 from eos.paths import eos_home
-from eos.sparksession import compiled_spark_home, pyspark_package
+from eos.sparksession import compiled_spark_home, pyspark_package, python_launcher
 from eos_ops import jvm
 from eos_ops.jvm import alive, port_is_free
 
@@ -349,10 +350,20 @@ class LocalSparkCluster:
             SPARK_LOCAL_HOSTNAME=self.host,
             SPARK_DAEMON_MEMORY=self.daemon_memory,
             SPARK_DAEMON_JAVA_OPTS=f"{DAEMON_JAVA_OPTS} {os.environ.get('SPARK_DAEMON_JAVA_OPTS', '')}".strip(),
-            PYSPARK_PYTHON=self.python,
+            PYSPARK_PYTHON=self.worker_python,
             PYSPARK_DRIVER_PYTHON=self.python,
         )
         return env
+
+    @property
+    def worker_python(self) -> str:
+        """What the Python processes Spark starts run: this interpreter, through the launcher that
+        takes Spark's jar off their path when the cluster runs from the mirror (both spare every
+        such process work, eos.sparksession)."""
+        if compiled_spark_home(self.python) is None:
+            return self.python
+        launcher = python_launcher(self.python)
+        return str(launcher) if launcher is not None else self.python
 
     # -- processes ---------------------------------------------------------------------------
     def _pid(self, name: str, java_class: str) -> int | None:
@@ -643,7 +654,7 @@ class LocalSparkCluster:
             "spark.cores.max": str(cores),
             "spark.scheduler.minRegisteredResourcesRatio": "1.0",
             "spark.scheduler.maxRegisteredResourcesWaitingTime": "30s",
-            "spark.pyspark.python": self.python,
+            "spark.pyspark.python": self.worker_python,
             "spark.pyspark.driver.python": self.python,
         }
         settings.update(conf or {})

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -97,7 +98,9 @@ def make_probe(out: Path, sleep_s: float, with_linger: bool):
         context = TaskContext.get()
         partition, attempt = context.partitionId(), context.attemptNumber()
         info = {"partition": partition, "attempt": attempt, "python_pid": os.getpid(), **executor_info()}
-        _write_json(out / "started" / f"p{partition}-a{attempt}-{os.getpid()}.json", {**info, "at": time.time()})
+        jars = [entry for entry in sys.path if entry.endswith(".jar")]  # Spark's, unless eos's launcher ran
+        marker = {**info, "at": time.time(), "jars_on_path": jars}
+        _write_json(out / "started" / f"p{partition}-a{attempt}-{os.getpid()}.json", marker)
         time.sleep(sleep_s)
         for batch in batches:
             ids = batch.column("id")

@@ -111,6 +111,9 @@ def test_tasks_run_on_both_workers(cluster: LocalSparkCluster, probe: ProbeRun) 
     executors = cluster.executors()
     for task in tasks:
         assert task["executor_pid"] in executors[worker_of(cluster, task["executor_cwd"])], (task, executors)
+    # Every executor's Python worker ran through eos's launcher: Spark's jar is off its path.
+    markers = probe.markers("probe")
+    assert len(markers) >= PARTITIONS and all(marker["jars_on_path"] == [] for marker in markers), markers
     driver = cluster.driver_pids(probe.popen)
     assert driver and driver[0] == probe.popen.pid
     assert any("cluster_probe.py" in " ".join(_cmdline(pid)) for pid in driver[1:]), "no Python driver process"
