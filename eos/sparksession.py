@@ -150,7 +150,7 @@ def compiled_spark_home(python: str | None) -> Path | None:
 # directory (~6,000 entries, 30 ms), and PySpark reads it again when a process takes its first
 # task (importlib.invalidate_caches). The launcher takes the jar off PYTHONPATH, then runs the
 # interpreter (exec: Spark's handle on the process stays the interpreter's). POSIX sh, no other
-# program: it adds ~1 ms to a start.
+# program: what it adds to a process's start was within the noise of one here (~10 ms).
 _LAUNCHER = """#!/bin/sh
 # Made by eos (eos/sparksession.py, python_launcher): runs {python} without Spark's jars on
 # PYTHONPATH.
