@@ -232,8 +232,9 @@ def build_spark(
         mirror = compiled_spark_home(python)
         if mirror is not None:
             os.environ["SPARK_HOME"] = str(mirror)
-            launcher = python_launcher(sys.executable)
-            if launcher is not None and not settings.get("spark.pyspark.python"):
+            # A python named in the pipeline's spark.conf is the user's choice: it stays.
+            launcher = None if settings.get("spark.pyspark.python") else python_launcher(sys.executable)
+            if launcher is not None:
                 os.environ["PYSPARK_PYTHON"] = str(launcher)
     builder = SparkSession.builder.appName(app_name)
     for key, value in settings.items():
