@@ -194,6 +194,19 @@ def python_launcher(python: str) -> Path | None:
     return launcher
 
 
+def local_python(python: str | None, launch: bool = True) -> tuple[Path | None, str | None]:
+    """For Spark processes whose Python runs `python`: the SPARK_HOME to run them from (the
+    mirror, or None for Spark's own) and the program they should run (the launcher, or
+    `python`). One decision for a local session (build_spark) and eos's standalone cluster
+    (eos_ops.sparkcluster): the launcher only where the mirror applies, i.e. `python` is this
+    interpreter; `launch=False` keeps `python` as it is."""
+    mirror = compiled_spark_home(python)
+    if mirror is None or not launch:
+        return mirror, python
+    launcher = python_launcher(sys.executable)
+    return mirror, str(launcher) if launcher is not None else python
+
+
 def _link_entries(source: Path, target: Path, but: str) -> None:
     """`target` holding a symlink to every entry of `source` except the one named `but`."""
     target.mkdir(parents=True, exist_ok=True)
@@ -228,14 +241,14 @@ def build_spark(
         # Only for a local JVM, where every Python process Spark starts runs the interpreter
         # below (executors elsewhere have their own SPARK_HOME), and never instead of another
         # Spark the user chose.
-        python = settings.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
-        mirror = compiled_spark_home(python)
+        named = settings.get("spark.pyspark.python")
+        python = named or os.environ.get("PYSPARK_PYTHON")
+        # A python named in the pipeline's spark.conf is the user's choice: it stays.
+        mirror, program = local_python(python, launch=not named)
         if mirror is not None:
             os.environ["SPARK_HOME"] = str(mirror)
-            # A python named in the pipeline's spark.conf is the user's choice: it stays.
-            launcher = None if settings.get("spark.pyspark.python") else python_launcher(sys.executable)
-            if launcher is not None:
-                os.environ["PYSPARK_PYTHON"] = str(launcher)
+            if program is not None and program != python:
+                os.environ["PYSPARK_PYTHON"] = program
     builder = SparkSession.builder.appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)

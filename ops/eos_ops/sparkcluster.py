@@ -34,6 +34,7 @@ folder), or install the same venv at the same path on every host and point
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -49,7 +50,7 @@ from pathlib import Path
 
 from eos.errors import EnvironmentProblem
 from eos.paths import eos_home
-from eos.sparksession import compiled_spark_home, pyspark_package, python_launcher
+from eos.sparksession import local_python, pyspark_package
 from eos_ops import jvm
 from eos_ops.jvm import alive, port_is_free
 
@@ -345,7 +346,7 @@ class LocalSparkCluster:
         env.update(
             # Every process here runs this machine's interpreter: the mirror without pyspark.zip
             # spares each Python worker and planner compiling PySpark from the zip (~0.5 s).
-            SPARK_HOME=str(compiled_spark_home(self.python) or spark_home()),
+            SPARK_HOME=str(self._local_python[0] or spark_home()),
             SPARK_LOCAL_IP=self.host,
             SPARK_LOCAL_HOSTNAME=self.host,
             SPARK_DAEMON_MEMORY=self.daemon_memory,
@@ -355,15 +356,17 @@ class LocalSparkCluster:
         )
         return env
 
+    @functools.cached_property
+    def _local_python(self) -> tuple[Path | None, str]:
+        mirror, program = local_python(self.python)
+        return mirror, program or self.python
+
     @property
     def worker_python(self) -> str:
         """What the Python processes Spark starts run: this interpreter, through the launcher that
         takes Spark's jar off their path when the cluster runs from the mirror (both spare every
         such process work, eos.sparksession)."""
-        if compiled_spark_home(self.python) is None:
-            return self.python
-        launcher = python_launcher(self.python)
-        return str(launcher) if launcher is not None else self.python
+        return self._local_python[1]
 
     # -- processes ---------------------------------------------------------------------------
     def _pid(self, name: str, java_class: str) -> int | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyspark
 
-from eos.sparksession import compiled_spark_home, python_launcher
+from eos.sparksession import compiled_spark_home, local_python, python_launcher
 
 PACKAGE = Path(pyspark.__file__).resolve().parent
 
@@ -152,6 +152,21 @@ def test_the_zip_stays_where_spark_may_run_another_python(tmp_path, monkeypatch)
     other.symlink_to(Path(sys.executable).resolve())
     assert compiled_spark_home(str(other)) is None
     assert compiled_spark_home(None) is None
+
+
+def test_the_launcher_goes_with_the_mirror_and_never_replaces_a_python_the_user_named(tmp_path, monkeypatch):
+    # One decision for a local session and eos's standalone cluster (eos_ops.sparkcluster).
+    monkeypatch.setenv("EOS_HOME", str(tmp_path))
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    mirror, program = local_python(sys.executable)
+    assert mirror == compiled_spark_home(sys.executable) and mirror is not None
+    assert program == str(python_launcher(sys.executable)) and program != sys.executable
+    assert local_python(sys.executable, launch=False) == (mirror, sys.executable)
+    other = tmp_path / "other-venv" / "bin" / "python"
+    other.parent.mkdir(parents=True)
+    other.symlink_to(Path(sys.executable).resolve())
+    assert local_python(str(other)) == (None, str(other))  # no mirror: no launcher either
+    assert local_python(None) == (None, None)
 
 
 def test_the_status_store_keeps_few_sql_executions_while_the_ui_is_off(spark):
