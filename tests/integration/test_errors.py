@@ -227,6 +227,26 @@ def test_a_transaction_timeout_above_the_brokers_maximum_is_refused_up_front(
     assert "lower epochs.timeout to 450s or less" in finished.output
 
 
+def test_a_ledger_topic_that_is_not_compacted_is_refused_before_anything_starts(
+    spark, admin, bootstrap, new_topic, unique_name, tmp_path
+):
+    """Retention would delete ledger entries, and a replay after that would write committed epochs
+    again. The ledger topic is made beside the query's build (KafkaSink.prepare); its problems must
+    still stop the start before any record is written or the checkpoint is recorded."""
+    from eos.errors import ConfigError
+    from eos_connectors.kafka.clients import create_topic
+
+    source, sink = new_topic(), new_topic()
+    produce_numbered(bootstrap, source, 0, 20)
+    name = unique_name("p")
+    create_topic(admin, f"eos-ledger-{name}", 1, config={"cleanup.policy": "delete"})
+    config = passthrough_pipeline(name, bootstrap, source, sink, tmp_path / "ck")
+    with pytest.raises(ConfigError, match=f"the ledger topic eos-ledger-{name} has cleanup.policy=delete"):
+        run_in_process(spark, write_pipeline(tmp_path, config))
+    assert not (tmp_path / "ck" / "_eos" / "pipeline.json").exists()
+    assert_nothing_written(bootstrap, sink)
+
+
 def test_python_worker_reuse_off_is_refused(bootstrap, new_topic, unique_name, tmp_path):
     source, sink = new_topic(), new_topic()
     config = passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck")
