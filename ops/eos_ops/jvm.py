@@ -208,6 +208,15 @@ def pid_from_file(pid_file: Path, *markers: str) -> int | None:
     return None
 
 
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first, then the parent pid...),
+    None if the process is gone. The name is skipped by its last ')': it may hold spaces and ')'."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def alive(pid: int) -> bool:
     """True until the process is gone: all its threads have exited and with them its sockets and
     files. Also for a process of another account (a server run as an unprivileged user).
@@ -222,11 +231,10 @@ def alive(pid: int) -> bool:
         return False
     except PermissionError:
         pass  # it exists; /proc says whether it is a zombie
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+    fields = stat_fields(pid)
+    if not fields:
         return False
-    if state != "Z":
+    if fields[0] != "Z":
         return True
     try:  # our child: the kernel lets us reap it only once every thread is gone
         return os.waitpid(pid, os.WNOHANG)[0] == 0

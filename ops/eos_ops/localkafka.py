@@ -108,10 +108,8 @@ def kafka_uuid() -> str:
 
 def _process_state(pid: int) -> str | None:
     """The kernel's one-letter state of a process (R, S, D, T when stopped, Z for a zombie), None if gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+    fields = jvm.stat_fields(pid)
+    return fields[0] if fields else None
 
 
 class KafkaNode:

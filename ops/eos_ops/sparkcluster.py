@@ -52,7 +52,7 @@ from eos.errors import EnvironmentProblem
 from eos.paths import eos_home
 from eos.sparksession import local_python, pyspark_package
 from eos_ops import jvm
-from eos_ops.jvm import alive, port_is_free
+from eos_ops.jvm import alive, port_is_free, stat_fields
 
 Progress = Callable[[str], None]
 
@@ -154,12 +154,9 @@ def _cwd(pid: int) -> Path | None:
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, parent pid); the command name in /proc/PID/stat may contain spaces and ')'."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields[0], int(fields[1])
+    """(state, parent pid), None if the process is gone."""
+    fields = stat_fields(pid)
+    return (fields[0], int(fields[1])) if fields else None
 
 
 def _pids() -> list[int]:
