@@ -298,11 +298,11 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
         # fences nothing. The sinks' slow set-up (a new pipeline's ledger topic) runs beside both.
         overlap = control is not None and driver is not None and not options.take_over and not options.finish_pending
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="eos-beside-build") as pool:
-            preparing = [pool.submit(sink.prepare) for sink in found.sinks]
+            setting_up = [pool.submit(sink.set_up) for sink in found.sinks]
             taking = pool.submit(take_over, control, driver, False) if overlap else None
             built = build(spark, config, found, meta.sources, options_)
         # Leaving the pool waited for both, also when the build failed (the build's error is raised).
-        for done in preparing:
+        for done in setting_up:
             done.result()  # a sink's error, such as a ledger topic that is not compacted
         if options.finish_pending and pending is None:
             print(f"eos: {config.name}: no epoch is pending; nothing to finish", file=sys.stderr, flush=True)

@@ -169,11 +169,12 @@ class SinkConnector(ABC):
     def check(self, spark: Any) -> None:
         """Up-front checks with clear errors (destination exists, settings the protocol needs)."""
 
-    def prepare(self) -> None:  # noqa: B027 - optional
+    def set_up(self) -> None:  # noqa: B027 - optional
         """Slow set-up that recovery and the first epoch need (creating a ledger topic), after every
-        check passed. It runs on another thread while the query is built (`rows` included), so it
-        must not share a connection with them; its errors are raised before anything of the
-        pipeline starts. What is quick to make can stay in `check`."""
+        check passed; not the protocol's prepare phase: nothing of an epoch is written here. It runs
+        on another thread while the query is built (`rows` included), so it must not share a
+        connection with them; its errors are raised before anything of the pipeline starts. What
+        is quick to make can stay in `check`."""
 
     @abstractmethod
     def rows(self, view: DataFrame) -> DataFrame:

@@ -231,7 +231,7 @@ def test_a_ledger_topic_that_is_not_compacted_is_refused_before_anything_starts(
     spark, admin, bootstrap, new_topic, unique_name, tmp_path
 ):
     """Retention would delete ledger entries, and a replay after that would write committed epochs
-    again. The ledger topic is made beside the query's build (KafkaSink.prepare); its problems must
+    again. The ledger topic is made beside the query's build (KafkaSink.set_up); its problems must
     still stop the start before any record is written or the checkpoint is recorded."""
     from eos.errors import ConfigError
     from eos_connectors.kafka.clients import create_topic

@@ -147,7 +147,7 @@ class KafkaSink(SinkConnector):
         if limit is not None:  # exactly-once
             self._check_transaction_timeout(limit.result())
 
-    def prepare(self) -> None:
+    def set_up(self) -> None:
         # A new pipeline's ledger topic takes a topic creation (~50 ms here), beside the build.
         if self.pipeline.exactly_once:
             ledger.ensure_ledger_topic(self.client, self.pipeline.ledger)
