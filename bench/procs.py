@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from eos_ops.jvm import split_stat
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 CLASSES = ("driver", "spark_jvm", "python_workers", "broker", "tools")
@@ -29,19 +31,13 @@ class ProcInfo:
     rss_kib: int
 
 
-def _split_stat(stat: str) -> tuple[str, list[str]]:
-    """A /proc stat line's command (or thread) name and the fields after it. The name may hold
-    spaces and parentheses: it ends at the last ')'."""
-    return stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-
-
 def _read(pid: int) -> ProcInfo | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return None
-    _, fields = _split_stat(stat)
+    _, fields = split_stat(stat)
     ppid = int(fields[1])
     ticks = int(fields[11]) + int(fields[12])
     children = int(fields[13]) + int(fields[14])
@@ -118,7 +114,7 @@ def jit_ticks(pids: list[int]) -> dict[tuple[int, int], int]:
                 stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
             except OSError:
                 continue
-            name, fields = _split_stat(stat)
+            name, fields = split_stat(stat)
             if _JIT_THREAD.fullmatch(name):
                 out[(pid, int(tid))] = int(fields[11]) + int(fields[12])
     return out

@@ -208,12 +208,18 @@ def pid_from_file(pid_file: Path, *markers: str) -> int | None:
     return None
 
 
+def split_stat(stat: str) -> tuple[str, list[str]]:
+    """A /proc stat line's command (or thread) name and the fields after it (state first, then the
+    parent pid...). The name may hold spaces and parentheses: it ends at the last ')'."""
+    end = stat.rindex(")")
+    return stat[stat.index("(") + 1 : end], stat[end + 1 :].split()
+
+
 def stat_fields(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (state first, then the parent pid...),
-    None if the process is gone. The name is skipped by its last ')': it may hold spaces and ')'."""
+    """The fields of /proc/PID/stat after the command name (split_stat), None if the process is gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        return split_stat(Path(f"/proc/{pid}/stat").read_text())[1]
+    except (OSError, ValueError):
         return None
 
 
