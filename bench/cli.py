@@ -1,6 +1,6 @@
 """`python -m bench`: run the benchmark and write docs/BENCHMARKS.md and bench/results/latest.json.
 
-python -m bench                 everything (~55 min on a quiet machine); waits for one first
+python -m bench                 everything (~60 min on a quiet machine); waits for one first
 python -m bench --quick         every section, small sizes, one run each (~10 min on a quiet machine); writes
                                 bench/results/quick.{json,md}, never the docs
 python -m bench --sections failpoints,recovery --merge
@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench.env import REPO, Progress, machine, preflight, wait_for_quiet
+from bench.env import REPO, Progress, host_check_ms, machine, preflight, wait_for_quiet
 
 SECTIONS = (
     "throughput",
@@ -174,6 +174,7 @@ def run(args: argparse.Namespace, sections: tuple[str, ...], json_path: Path) ->
         for section in sections:
             progress.begin(section)
             before = os.getloadavg()[0]
+            host_before = host_check_ms()
             t0 = time.monotonic()
             try:
                 outcome = _section(section).run(results) if section == "protocol" else _section(section).run(bench)
@@ -184,6 +185,8 @@ def run(args: argparse.Namespace, sections: tuple[str, ...], json_path: Path) ->
                 "duration_s": round(time.monotonic() - t0, 1),
                 "load_before": round(before, 2),
                 "load_after": round(os.getloadavg()[0], 2),
+                "host_before_ms": host_before,
+                "host_after_ms": host_check_ms(),
             }
             results[section] = outcome
             progress.end()

@@ -12,6 +12,7 @@ from typing import Any
 
 from bench.env import Progress
 from bench.inputs import Input, make_input
+from bench.stats import balanced_orders
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,13 @@ class Plan:
     cluster_cores: tuple[int, ...] = (1, 2, 4)  # executor cores in total, each against local[2]
 
     def throughput_rounds(self, configurations: int) -> int:
-        """Full runs: `rounds` rounded up to a multiple of the configurations, so that with the order
-        rotated each configuration runs once in every position of a round (bench.sections.throughput
-        says why); quick runs: `rounds`."""
+        """Full runs: as many rounds as a balanced set of orders has (bench.stats.balanced_orders:
+        ten for five configurations), repeated until there are at least `rounds`; quick runs:
+        `rounds` (bench.sections.throughput says why)."""
         if self.quick:
             return self.rounds
-        return configurations * math.ceil(self.rounds / configurations)
+        orders = len(balanced_orders(range(configurations)))
+        return orders * math.ceil(self.rounds / orders)
 
     def estimates(self) -> dict[str, float]:
         """Seconds each section is expected to take (for the ETA): fixed seconds per run plus

@@ -71,6 +71,25 @@ def machine() -> dict[str, object]:
     }
 
 
+def host_check_ms(repeats: int = 5) -> float:
+    """CPU milliseconds of a fixed pure-Python loop, the best of `repeats`: how fast this host runs
+    one core right now. The same machine ran the same fastavro loop at 2.1 and at 4.3 µs a record
+    a minute apart (2026-11-25, no steal in /proc/stat), so a figure measured on a slow minute and
+    re-run on a fast one differs by the host, not the code. The report prints the check beside each
+    section and run; comparing it between two runs says whether their hosts ran alike. CPU time,
+    not wall: another process on the same cores slows the wall clock, not this loop's CPU. The host
+    changes speed in phases of seconds to minutes (the check read 15.5 ms, then ~30 ms for 10 s
+    with the machine idle, then 15.5 ms again), so one check tells about its moment only."""
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.process_time()
+        total = 0
+        for i in range(300_000):
+            total = (total + i * 7) % 1_000_003
+        best = min(best, time.process_time() - started)
+    return round(best * 1000, 1)
+
+
 def wait_for_quiet(threshold: float, max_wait_s: float, say) -> dict[str, float | bool]:
     """Wait until the 1-minute load average drops below `threshold` (other engineers run tests
     on this machine), at most max_wait_s; then run anyway and record what the load was."""

