@@ -14,7 +14,7 @@ from typing import Any
 from bench.evaluate import noise_band, paired_ratio, targets
 from bench.runs import ALO, BUILTIN, CONFIGS, EO, RAW, RAW_TXN, SPARK_CONFIGS
 from bench.sections.protocol import PHASES
-from bench.stats import by_round, line_fit, ratio_summary, summarize
+from bench.stats import balanced_orders, by_round, line_fit, ratio_summary, summarize
 
 NOTES = Path(__file__).resolve().parent / "NOTES.md"
 PHASE_NAMES = {
@@ -167,9 +167,12 @@ def summary(results: dict[str, Any]) -> list[str]:
 
 def throughput_orders(section: dict[str, Any] | None) -> str:
     """How the throughput section ordered its rounds (results before 2026-11-25's evening rotated them)."""
-    if section and section.get("orders"):
+    orders = (section or {}).get("orders")
+    if orders:
+        if len(orders) % len(balanced_orders(orders[0])):
+            return f"The throughput section ran {len(orders)} round(s): too few to balance the orders."
         return (
-            f"The throughput section's {len(section['orders'])} rounds are balanced: each configuration runs equally "
+            f"The throughput section's {len(orders)} rounds are balanced: each configuration runs equally "
             "often in every position and right after every other one."
         )
     return "The throughput section's rounds were rotated, as many as configurations: each ran once in every position."

@@ -22,7 +22,7 @@ next (garbage to collect, transaction markers to write, the broker's log cleaner
 rounds balanced positions only: at-least-once always ran right after exactly-once.
 
 Before each run a host check (bench.env.host_check_ms) times a fixed loop: this host changes speed
-in phases, and the check says which runs met a slow phase.
+in phases, and the check says whether a run started in a slow one.
 """
 
 from __future__ import annotations

@@ -58,6 +58,9 @@ def test_throughput_rounds_balance_positions_and_predecessors() -> None:
         assert len(follows) == n * (n - 1) and set(follows.values()) == {len(orders) // n}, (n, follows)
     assert FULL.throughput_rounds(len(CONFIGS)) == len(balanced_orders(CONFIGS)) == 10
     assert QUICK.throughput_rounds(len(CONFIGS)) == QUICK.rounds
+    # The report says "balanced" only of a full set of orders (quick runs have one round).
+    assert "too few" in report.throughput_orders({"orders": [list(CONFIGS)]})
+    assert "are balanced" in report.throughput_orders({"orders": [list(o) for o in balanced_orders(CONFIGS)]})
 
 
 def test_raw_loops_are_correct_baselines(bootstrap: str, unique_name, tmp_path: Path) -> None:
