@@ -14,8 +14,8 @@ from pathlib import Path
 
 from eos.paths import eos_home, ops_dir
 
-ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-# Measured (DESIGN.md): on a local filesystem this halves the fixed checkpoint cost per micro-batch.
+# Measured when eos was designed: on a local filesystem this halves the fixed checkpoint cost per
+# micro-batch.
 LOCAL_CHECKPOINT_FILE_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 )
@@ -34,8 +34,16 @@ def default_conf(master: str, checkpoint: str | None = None) -> dict[str, str]:
         # 200 shuffle partitions is for batch jobs; a micro-batch wants about one per core (and a
         # stateful pipeline's slots are its shuffle partitions).
         "spark.sql.shuffle.partitions": str(cores),
-        "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+        # Operator state (dedup, windows) stays in Spark's default store, in memory: a per-record
+        # JNI call into RocksDB, and a RocksDB scan of all state to evict what the watermark
+        # passed, cost the demo's pipeline ~27% of its throughput (bench/NOTES.md). A pipeline
+        # whose state outgrows the executors' memory chooses RocksDB in `spark.conf`; Spark pins
+        # a checkpoint's store in its offset log, so existing checkpoints keep theirs.
+        # For RocksDB, two of eos's settings: changelog checkpointing (only the epoch's changes
+        # are written, not a snapshot), and no row count (one read more per write and delete
+        # just to report Spark's numTotalStateRows metric, which eos does not use).
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
         "spark.sql.session.timeZone": "UTC",
         # PySpark records the Python call site of every DataFrame function it is handed, for the
         # context of an error: about five more round trips to the JVM per call, half of the ~1,300

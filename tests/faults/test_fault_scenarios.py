@@ -164,9 +164,11 @@ def _produce_ticks(bootstrap: str, topic: str, count: int) -> None:
     assert out.flush(30) == 0
 
 
-def _windowed_pipeline(name: str, bootstrap: str, source: str, sink: str, folder: Path) -> Path:
+def _windowed_pipeline(
+    name: str, bootstrap: str, source: str, sink: str, folder: Path, spark_conf: dict[str, str] | None = None
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    config = {
+    config: dict = {
         "name": name,
         "checkpoint": str(folder / "ck"),
         "epochs": {"trigger": "available-now", "slots": 2, "timeout": "60s"},
@@ -184,19 +186,13 @@ def _windowed_pipeline(name: str, bootstrap: str, source: str, sink: str, folder
         "sinks": [{"name": "out", "kafka": {"bootstrap": bootstrap, "topic": sink}, "key": "grp",
                    "value_format": "json"}],
     }  # fmt: skip
+    if spark_conf:
+        config["spark"] = {"conf": spark_conf}
     return write_pipeline(folder, config)
 
 
-@pytest.mark.parametrize("point", PROTOCOL_POINTS)
-def test_stateful_pipeline_crashed_at(point, bootstrap, new_topic, unique_name, tmp_path):
-    source, sink = new_topic(partitions=2), new_topic(partitions=2)
-    _produce_ticks(bootstrap, source, 600)
-    path = _windowed_pipeline(unique_name("w"), bootstrap, source, sink, tmp_path)
-    crashed = eos_subprocess("run", str(path), "--failpoint", f"{point}=kill@epoch=2")
-    assert crashed.killed, f"the failpoint {point} did not fire:\n{crashed.output[-3000:]}"
-    run_until_done(path)
-
-    spec = tmp_path / "verify.yaml"
+def _verify_windows(bootstrap: str, source: str, sink: str, folder: Path) -> None:
+    spec = folder / "verify.yaml"
     spec.write_text(json.dumps({
         "bootstrap": bootstrap,
         "input": {"topic": source, "format": "json"},
@@ -207,3 +203,53 @@ def test_stateful_pipeline_crashed_at(point, bootstrap, new_topic, unique_name, 
     report = eos_verify("--spec", str(spec))
     assert report["ok"], report
     assert report["expected"] == 36 and report["output_records"] == 36  # 3 groups x 12 windows
+
+
+@pytest.mark.parametrize("point", PROTOCOL_POINTS)
+def test_stateful_pipeline_crashed_at(point, bootstrap, new_topic, unique_name, tmp_path):
+    source, sink = new_topic(partitions=2), new_topic(partitions=2)
+    _produce_ticks(bootstrap, source, 600)
+    path = _windowed_pipeline(unique_name("w"), bootstrap, source, sink, tmp_path)
+    crashed = eos_subprocess("run", str(path), "--failpoint", f"{point}=kill@epoch=2")
+    assert crashed.killed, f"the failpoint {point} did not fire:\n{crashed.output[-3000:]}"
+    run_until_done(path)
+    _verify_windows(bootstrap, source, sink, tmp_path)
+    # No `spark.conf` names a store: these crashes were recovered by eos's default, in memory.
+    found = _state_files(tmp_path / "ck")
+    assert found["memory"] > 0 and found["rocksdb"] == 0, found
+
+
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def _state_files(checkpoint: Path) -> dict[str, int]:
+    """State store files by kind: RocksDB's changelogs and snapshots, the in-memory store's deltas
+    and snapshots (their names: VERSION.changelog / .zip, VERSION.delta / .snapshot)."""
+    kinds = {"rocksdb": (".changelog", ".zip"), "memory": (".delta", ".snapshot")}
+    found = {kind: 0 for kind in kinds}
+    for file in (checkpoint / "state").rglob("*"):
+        for kind, suffixes in kinds.items():
+            found[kind] += file.name.endswith(suffixes)
+    return found
+
+
+def test_a_checkpoint_keeps_its_state_store_when_the_default_changes(bootstrap, new_topic, unique_name, tmp_path):
+    """eos's default state store was RocksDB and is now Spark's in-memory one. A stateful pipeline
+    started on RocksDB and killed mid-epoch, then restarted without naming a store, must go on
+    with RocksDB (Spark pins a checkpoint's store in its offset log): under the other store its
+    windows would restart empty, or the restart would fail."""
+    source, sink = new_topic(partitions=2), new_topic(partitions=2)
+    _produce_ticks(bootstrap, source, 600)
+    name = unique_name("w")
+    on_rocksdb = {"spark.sql.streaming.stateStore.providerClass": ROCKSDB}
+    path = _windowed_pipeline(name, bootstrap, source, sink, tmp_path, on_rocksdb)
+    crashed = eos_subprocess("run", str(path), "--failpoint", "sink.after_precommit=kill@epoch=2")
+    assert crashed.killed, f"the failpoint did not fire:\n{crashed.output[-3000:]}"
+    before = _state_files(tmp_path / "ck")
+    assert before["rocksdb"] > 0 and before["memory"] == 0, before
+
+    _windowed_pipeline(name, bootstrap, source, sink, tmp_path)  # the same file, no store named
+    run_until_done(path)
+    _verify_windows(bootstrap, source, sink, tmp_path)
+    after = _state_files(tmp_path / "ck")
+    assert after["memory"] == 0 and after["rocksdb"] > before["rocksdb"], (before, after)

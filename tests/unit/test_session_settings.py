@@ -27,3 +27,15 @@ def test_a_pipelines_own_retention_wins() -> None:
 def test_under_spark_submit_the_master_is_left_to_it() -> None:
     assert "spark.master" not in session_settings(None, {}, None, True)
     assert session_settings(None, {}, None, False)["spark.master"] == "local[*]"
+
+
+def test_state_stays_in_sparks_default_store_unless_the_pipeline_names_one() -> None:
+    """Spark's default store keeps operator state in memory; RocksDB is the pipeline's choice, and
+    gets eos's RocksDB settings (changelog checkpointing, no row count)."""
+    key = "spark.sql.streaming.stateStore.providerClass"
+    assert key not in session_settings("local[2]", {}, None, False)
+    rocksdb = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    chosen = session_settings("local[2]", {key: rocksdb}, None, False)
+    assert chosen[key] == rocksdb
+    assert chosen["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] == "true"
+    assert chosen["spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows"] == "false"
