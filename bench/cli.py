@@ -57,6 +57,14 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the work folder (checkpoints, logs, profiles)")
     parser.add_argument("--render", type=Path, metavar="JSON", help="only render the markdown from saved results")
     parser.add_argument("--out", type=Path, help="markdown output (default: docs/BENCHMARKS.md, quick: bench/results)")
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the benchmark's session, over eos's defaults (every Spark configuration "
+        "gets it; repeatable), e.g. to compare state stores",
+    )
     return parser.parse_args(argv)
 
 
@@ -70,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     args = _args(argv)
+    spark_conf(args.spark_conf)  # a malformed pair stops here, before any server starts
     args.command = " ".join(["python -m bench", *(shlex.quote(a) for a in argv)])
     if args.render:
         results = json.loads(args.render.read_text())
@@ -167,6 +176,7 @@ def run(args: argparse.Namespace, sections: tuple[str, ...], json_path: Path) ->
                 "spark.sql.shuffle.partitions": "2",
                 "spark.default.parallelism": "2",
                 "spark.jars": ",".join(jars.jars),
+                **spark_conf(args.spark_conf),
             },
         )
         bench = Bench(plan, broker.bootstrap, broker.pid(), spark, work, RESULTS, progress, jars)
@@ -204,6 +214,19 @@ def run(args: argparse.Namespace, sections: tuple[str, ...], json_path: Path) ->
             _say(f"kept the work folder {work}")
         else:
             remove(work)
+
+
+def spark_conf(pairs: list[str]) -> dict[str, str]:
+    """--spark-conf KEY=VALUE pairs. They go into the SparkContext's conf: every pipeline runs on a
+    new session of it (eos.runner), which starts from that conf, not from settings made on the
+    benchmark's session while it runs."""
+    conf = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"python -m bench: --spark-conf {pair!r}: expected KEY=VALUE")
+        conf[key.strip()] = value
+    return conf
 
 
 def _section(name: str):

@@ -238,7 +238,7 @@ def resident_kib(pid: int, low: int, high: int) -> int:
 def live_heap(pid: int, timeout_s: float = 60.0) -> dict[str, float] | None:
     """The JVM's live heap, from `jcmd PID GC.class_histogram` (a full collection, then the bytes of
     every object still reachable), what its heap has committed, and its memory outside the heap
-    (its RSS minus the heap's resident pages: RocksDB, Arrow buffers, metaspace, threads). None
+    (its RSS minus the heap's resident pages: Arrow buffers, metaspace, threads, a RocksDB store). None
     when jcmd cannot attach or its output is not understood.
 
     Why: a JVM's RSS grows as G1 touches more of its heap, up to -Xmx, leak or not. The live heap

@@ -718,7 +718,7 @@ def memory(results: dict[str, Any]) -> list[str]:
         "Flat = ratio ≤ 1.10. RSS of the driver and the JVM; for the Python workers the PSS sum (shared pages "
         "counted once) and, beside it, the largest worker's RSS. Every tenth of the run the JVM's live heap is "
         "counted (`jcmd GC.class_histogram`: a full collection, then the reachable objects' bytes), and its memory "
-        "outside the heap (RSS minus the heap's resident pages: RocksDB, Arrow buffers, metaspace). When those are "
+        "outside the heap (RSS minus the heap's resident pages: Arrow buffers, metaspace, threads). When those are "
         "measured they judge the JVM, and its RSS is only reported: G1 touches more of its heap towards the cap "
         "(1 GiB) as it goes, leak or not.",
         "",

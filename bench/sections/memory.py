@@ -1,16 +1,17 @@
 """6. Memory: peak RSS of the driver, the Spark JVM and the Python workers over a long run.
 
-The stateful pipeline (the demo's: dedup state, window state, RocksDB) runs as `python -m eos
-run` on a 1 s trigger for the whole duration while bench.probe feeds it live events at a steady
-rate; every 2 s the memory of each process class is sampled from /proc: RSS of the largest
-process, RSS summed, and PSS summed (forked Python workers share pages with their daemon, which
-RSS would count several times). Flat means: after the warm-up (the first fifth of the run), the
-peak of the last third is within 10% of the peak of the first third (the baseline), and the
-fitted slope is small. The JVM's heap is capped by spark.driver.memory (1g, PySpark's default),
-and G1 touches more of it as it goes, so the JVM's RSS may grow towards the cap without a leak:
-every tenth of the run the JVM's live heap is also counted (`jcmd GC.class_histogram`: a full
-collection, then the bytes of the reachable objects); that and the JVM's memory outside the heap
-(RSS minus the heap's resident pages: RocksDB, Arrow, metaspace) are the JVM's verdicts.
+The stateful pipeline (the demo's: dedup state and window state, in Spark's in-memory state
+store) runs as `python -m eos run` on a 1 s trigger for the whole duration while bench.probe feeds
+it live events at a steady rate; every 2 s the memory of each process class is sampled from
+/proc: RSS of the largest process, RSS summed, and PSS summed (forked Python workers share pages
+with their daemon, which RSS would count several times). Flat means: after the warm-up (the first
+fifth of the run), the peak of the last third is within 10% of the peak of the first third (the
+baseline), and the fitted slope is small. The JVM's heap is capped by spark.driver.memory (1g,
+PySpark's default), and G1 touches more of it as it goes, so the JVM's RSS may grow towards the
+cap without a leak: every tenth of the run the JVM's live heap is also counted (`jcmd
+GC.class_histogram`: a full collection, then the bytes of the reachable objects); that and the
+JVM's memory outside the heap (RSS minus the heap's resident pages: Arrow, metaspace, threads)
+are the JVM's verdicts.
 """
 
 from __future__ import annotations

@@ -344,3 +344,11 @@ def test_the_transactions_section_measures_the_broker_and_renders(kafka, bootstr
     assert result["epoch_extra_low_ms"] - 0.11 <= own <= result["epoch_extra_high_ms"] + 0.11
     text = "\n".join(report.transaction_cost({"transactions": result}))
     assert "What transactions cost the broker" in text and f"~{result['epoch_extra_ms']:.0f} ms" in text
+
+
+def test_spark_settings_for_the_benchmark_session_are_key_value_pairs() -> None:
+    provider = "spark.sql.streaming.stateStore.providerClass"
+    assert cli.spark_conf([f"{provider}=a.B", "spark.x= y=z"]) == {provider: "a.B", "spark.x": " y=z"}
+    for bad in ("no-equals", "=value"):
+        with pytest.raises(SystemExit, match="expected KEY=VALUE"):
+            cli.spark_conf([bad])
