@@ -84,6 +84,8 @@ def classify(driver: int, broker: int | None, procs: dict[int, ProcInfo]) -> dic
         cmd = procs[pid].cmdline
         if "pyspark.daemon" in cmd or "pyspark.worker" in cmd or "pyspark/daemon" in cmd:
             classes[pid] = "python_workers"
+        elif "eos.runnerforks" in cmd:
+            classes[pid] = "python_workers"  # the fork server and the source runners it forked (same cmdline)
         elif "java" in cmd.split(" ")[0] and ("SparkSubmit" in cmd or "CoarseGrainedExecutorBackend" in cmd):
             classes[pid] = "spark_jvm"  # local mode: driver and executor; a cluster: its driver and executors
         elif "cluster_app.py" in cmd:

@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from eos import runnerforks
 from eos.paths import eos_home, ops_dir
 
 # Measured when eos was designed: on a local filesystem this halves the fixed checkpoint cost per
@@ -160,8 +161,9 @@ def compiled_spark_home(python: str | None) -> Path | None:
 # interpreter (exec: Spark's handle on the process stays the interpreter's). POSIX sh, no other
 # program: what it adds to a process's start was within the noise of one here (~10 ms).
 _LAUNCHER = """#!/bin/sh
-# Made by eos (eos/sparksession.py, python_launcher): runs {python} without Spark's jars on
-# PYTHONPATH.
+# Made by eos (eos/sparksession.py, python_launcher): runs {python} without Spark's spark-core
+# jar on PYTHONPATH; PySpark's streaming source runners are forked by eos's fork server when one
+# runs (eos/runnerforks.py).
 set -f
 kept=
 IFS=:
@@ -172,6 +174,9 @@ for entry in $PYTHONPATH; do
     esac
 done
 unset IFS
+if [ "$1" = "-m" ] && [ "$2" = "{runner}" ] && [ -S "${{{forks}:-}}" ]; then
+    PYTHONPATH=$kept exec {quoted} -S -I -c '{client}' "$@"
+fi
 PYTHONPATH=$kept exec {quoted} "$@"
 """
 
@@ -180,7 +185,14 @@ def python_launcher(python: str) -> Path | None:
     """What Spark's local Python processes should run in place of `python`, this interpreter:
     a launcher that takes Spark's jar off their path (above), kept under $EOS_HOME. None when
     the launcher cannot be made (then `python` itself is used)."""
-    text = _LAUNCHER.format(python=python, quoted=shlex.quote(python))
+    assert "'" not in runnerforks.CLIENT  # the launcher quotes it with single quotes
+    text = _LAUNCHER.format(
+        python=python,
+        quoted=shlex.quote(python),
+        runner=runnerforks.RUNNER_MODULE,
+        forks=runnerforks.SOCKET_ENV,
+        client=runnerforks.CLIENT,
+    )
     launcher = eos_home() / "spark-python" / hashlib.sha256(text.encode()).hexdigest()[:12]
     if launcher.is_file():
         return launcher
@@ -200,6 +212,11 @@ def python_launcher(python: str) -> Path | None:
             Path(partial).unlink(missing_ok=True)
         return None
     return launcher
+
+
+def is_launcher(python: str | None) -> bool:
+    """Whether `python` is one of eos's launchers (made here or by the eos process that started this one)."""
+    return python is not None and Path(python).parent == eos_home() / "spark-python"
 
 
 def local_python(python: str | None, launch: bool = True) -> tuple[Path | None, str | None]:
@@ -257,6 +274,12 @@ def build_spark(
             os.environ["SPARK_HOME"] = str(mirror)
             if program is not None and program != python:
                 os.environ["PYSPARK_PYTHON"] = program
+    local = not under_spark_submit and settings.get("spark.master", "").startswith("local")
+    # eos's launcher hands the source runners to this process's fork server, which imports PySpark
+    # while the JVM starts (a JVM that runs already never sees the variable). The launcher may be
+    # inherited from the eos process that started this one, with that process's server: never
+    # used, its runners would live in that process's group and die with it.
+    runnerforks.use(local and is_launcher(os.environ.get("PYSPARK_PYTHON")))
     builder = SparkSession.builder.appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)

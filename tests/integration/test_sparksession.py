@@ -182,3 +182,30 @@ def test_the_status_store_keeps_few_sql_executions_while_the_ui_is_off(spark):
         time.sleep(0.2)  # the listener bus applies the cleanup after the executions end
     assert store.executionsCount() <= 50
     assert spark.sparkContext.getConf().get("spark.sql.ui.retainedExecutions") == "50"
+
+
+def test_a_pipelines_source_runners_are_forked_from_the_fork_server(spark, bootstrap, new_topic, unique_name, tmp_path):
+    # Spark starts a Python process per scan when a query starts, one after the other; each new
+    # interpreter spent ~0.2 s importing PySpark. The fork server has them imported (eos.runnerforks).
+    from eos import runnerforks
+    from tests.pipelines import eos_subprocess, passthrough_pipeline, produce_numbered, run_in_process, write_pipeline
+
+    socket_path = os.environ.get(runnerforks.SOCKET_ENV)
+    assert socket_path, "the session's launcher was given no fork server"
+    before = runnerforks.request(socket_path, {"stats": True})["served"]
+    source, sink = new_topic(partitions=2), new_topic(partitions=2)
+    produce_numbered(bootstrap, source, 0, 50)
+    config = passthrough_pipeline(unique_name("f"), bootstrap, source, sink, tmp_path / "ck")
+    result = run_in_process(spark, write_pipeline(tmp_path, config))
+    assert sum(result.records_out.values()) == 50
+    served = runnerforks.request(socket_path, {"stats": True})["served"] - before
+    assert served >= 2, f"{served} source runners forked; a pipeline has two scans per source"
+
+    # An eos process started from this one inherits the variable naming this server, and must
+    # not use it: its runners would be this process's children, in this process's group (a
+    # failpoint's kill -9 of the group took the test run with it).
+    sink = new_topic(partitions=2)
+    config = passthrough_pipeline(unique_name("g"), bootstrap, source, sink, tmp_path / "ck2")
+    started = eos_subprocess("run", str(write_pipeline(tmp_path / "child", config)))
+    assert started.returncode == 0, started.output[-3000:]
+    assert runnerforks.request(socket_path, {"stats": True})["served"] - before == served
