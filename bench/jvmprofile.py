@@ -150,6 +150,14 @@ JVM_STEPS: tuple[tuple[str, str], ...] = (
 _THREAD = re.compile(r"^\[(.*?)(?: tid=\d+)?\]$")
 
 
+def thread_kind(thread: str) -> str:
+    """A thread's name with what differs between runs folded: numbers to N, and a query's name and
+    ids out of its stream execution thread's (its hex ids would make a row per run)."""
+    if thread.startswith("stream execution thread for "):
+        return "stream execution thread (the query's)"
+    return re.sub(r"\d+", "N", thread)
+
+
 def jvm_step(thread: str, frames: list[str]) -> str:
     """What a sample of `thread` with `frames` (outermost first) was doing."""
     for label, pattern in JVM_THREADS:
@@ -180,7 +188,7 @@ def jvm_summary(collapsed: Path, top: int = 12) -> dict[str, object]:
         if not frames:
             continue
         n = int(count)
-        threads[re.sub(r"\d+", "N", thread)] += n
+        threads[thread_kind(thread)] += n
         steps[jvm_step(thread, frames)] += n
         own[frames[-1].replace("/", ".")] += n
     total = sum(threads.values())

@@ -370,19 +370,25 @@ def test_jvm_samples_are_sorted_by_thread_kind_and_innermost_frame(tmp_path: Pat
         "rocksdb::MemTable::Add 50\n"
         "[Executor task launch worker for task 1.0 in stage 3.0 (TID 8) tid=41];"
         "org/apache/spark/executor/Executor$TaskRunner.run;java/lang/Object.hashCode 10\n"
+        "[stream execution thread for eos-a7 [id = 5fa0-9c, runId = e1c2-7d] tid=50];"
+        "org/apache/spark/sql/execution/streaming/MicroBatchExecution.runActivatedStream 5\n"
+        "[stream execution thread for eos-b3 [id = 0bd4-2a, runId = 77fe-c1] tid=51];"
+        "org/apache/spark/sql/execution/streaming/MicroBatchExecution.runActivatedStream 5\n"
     )
     summary = jvm_summary(collapsed)
-    assert summary["samples"] == 100
+    assert summary["samples"] == 110
     steps = dict(summary["steps"])
     assert steps == {
-        "state store": 50.0,
-        "JIT compiler": 30.0,
-        "garbage collection": 10.0,
-        "task execution (rows, generated code)": 10.0,
+        "state store": 45.5,
+        "JIT compiler": 27.3,
+        "garbage collection": 9.1,
+        "task execution (rows, generated code)": 9.1,
+        "streaming engine (micro-batch loop)": 9.1,
     }, steps
     threads = dict(summary["threads"])
-    assert threads["Executor task launch worker for task N.N in stage N.N (TID N)"] == 60.0
-    assert summary["self"][0] == ("rocksdb::MemTable::Add", 50.0)
+    assert threads["Executor task launch worker for task N.N in stage N.N (TID N)"] == 54.5
+    assert threads["stream execution thread (the query's)"] == 9.1  # one row for every query
+    assert summary["self"][0] == ("rocksdb::MemTable::Add", 45.5)
 
 
 def test_async_profiler_samples_a_real_jvm(tmp_path: Path) -> None:
