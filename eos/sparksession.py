@@ -37,7 +37,7 @@ def default_conf(master: str, checkpoint: str | None = None) -> dict[str, str]:
         "spark.sql.shuffle.partitions": str(cores),
         # Operator state (dedup, windows) stays in Spark's default store, in memory: a per-record
         # JNI call into RocksDB, and a RocksDB scan of all state to evict what the watermark
-        # passed, cost the demo's pipeline ~27% of its throughput (bench/NOTES.md). A pipeline
+        # passed, held the demo's pipeline at 0.79x the rate (bench/NOTES.md). A pipeline
         # whose state outgrows the executors' memory chooses RocksDB in `spark.conf`; Spark pins
         # a checkpoint's store in its offset log, so existing checkpoints keep theirs.
         # For RocksDB, two of eos's settings: changelog checkpointing (only the epoch's changes
