@@ -20,14 +20,20 @@ from eos.paths import REPO_DIR
 PROBE = "tests.apps.fork_probe"
 
 
-@pytest.fixture
-def server(tmp_path: Path):
-    path = str(tmp_path / "sock")
+def _start_server(path: str) -> subprocess.Popen:
+    """A fork server serving the probe, as a driver starts one (stdin a pipe); once it listens."""
     proc = subprocess.Popen([sys.executable, "-m", "eos.runnerforks", path, PROBE], stdin=subprocess.PIPE, cwd=REPO_DIR)
     deadline = time.monotonic() + 30
     while not os.path.exists(path):
         assert proc.poll() is None and time.monotonic() < deadline, "the fork server did not start"
         time.sleep(0.05)
+    return proc
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    path = str(tmp_path / "sock")
+    proc = _start_server(path)
     yield path, proc
     if proc.stdin is not None:
         proc.stdin.close()
@@ -44,6 +50,11 @@ def _client(socket_path: str | None, *args: str, cwd: Path, **popen) -> subproce
     return subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _seen(line: str) -> dict[str, str]:
+    """What the probe printed on stdout: its `key=value` words."""
+    return dict(item.split("=", 1) for item in line.split())
+
+
 def _served(path: str) -> int:
     return runnerforks.request(path, {"stats": True})["served"]
 
@@ -53,7 +64,7 @@ def test_the_child_is_forked_by_the_server_and_becomes_the_clients_process(serve
     client = _client(path, PROBE, "3", "extra", cwd=tmp_path)
     out, err = client.communicate(timeout=30)
     assert client.returncode == 3, (out, err)
-    seen = dict(item.split("=", 1) for item in out.split())
+    seen = _seen(out)
     assert seen["ppid"] == str(proc.pid), out  # forked by the server, not started anew
     assert seen["cwd"] == str(tmp_path) and seen["probe"] == "passed", out
     assert "argv=['3', 'extra']" in err
@@ -64,7 +75,7 @@ def test_a_signal_to_the_client_reaches_the_child(server, tmp_path):
     path, _ = server
     client = _client(path, PROBE, "0", "sleep", cwd=tmp_path)
     assert client.stdout is not None
-    child = int(dict(item.split("=", 1) for item in client.stdout.readline().split())["pid"])
+    child = int(_seen(client.stdout.readline())["pid"])
     client.send_signal(signal.SIGTERM)  # as Spark stops a runner
     assert client.wait(30) == -signal.SIGTERM
     deadline = time.monotonic() + 10
@@ -90,11 +101,7 @@ def test_a_module_the_server_does_not_serve_is_run_by_the_client(server, tmp_pat
 
 def test_the_server_ends_with_its_driver(tmp_path):
     path = str(tmp_path / "sock")
-    proc = subprocess.Popen([sys.executable, "-m", "eos.runnerforks", path, PROBE], stdin=subprocess.PIPE)
-    deadline = time.monotonic() + 30
-    while not os.path.exists(path):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    proc = _start_server(path)
     assert proc.stdin is not None
     proc.stdin.close()  # what the driver's exit does to the pipe
     assert proc.wait(10) == 0
