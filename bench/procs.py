@@ -82,10 +82,9 @@ def classify(driver: int, broker: int | None, procs: dict[int, ProcInfo]) -> dic
     classes = {driver: "driver"} if driver in procs else {}
     for pid in descendants(driver, procs):
         cmd = procs[pid].cmdline
-        if "pyspark.daemon" in cmd or "pyspark.worker" in cmd or "pyspark/daemon" in cmd:
+        # eos.runnerforks: the fork server and the source runners it forked (they keep its cmdline)
+        if any(name in cmd for name in ("pyspark.daemon", "pyspark.worker", "pyspark/daemon", "eos.runnerforks")):
             classes[pid] = "python_workers"
-        elif "eos.runnerforks" in cmd:
-            classes[pid] = "python_workers"  # the fork server and the source runners it forked (same cmdline)
         elif "java" in cmd.split(" ")[0] and ("SparkSubmit" in cmd or "CoarseGrainedExecutorBackend" in cmd):
             classes[pid] = "spark_jvm"  # local mode: driver and executor; a cluster: its driver and executors
         elif "cluster_app.py" in cmd:
