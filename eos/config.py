@@ -29,7 +29,15 @@ from eos.protocol.sink import SinkEntry
 from eos.protocol.source import SourceEntry
 from eos.yamlsource import LoadedYaml, load_yaml, parse_yaml
 
-__all__ = ["PipelineConfig", "load_pipeline", "parse_duration", "parse_pipeline", "pipeline_from_yaml", "redacted"]
+__all__ = [
+    "PipelineConfig",
+    "PipelineHeader",
+    "load_pipeline",
+    "parse_duration",
+    "parse_pipeline",
+    "pipeline_from_yaml",
+    "redacted",
+]
 
 
 class TransformConfig(Model):
@@ -91,15 +99,41 @@ class MetricsConfig(Model):
     port: int | None = Field(None, ge=0, le=65535)  # Prometheus endpoint on the driver; off if unset
 
 
-class PipelineBase(Model):
+class PipelineHeader(Model):
+    """What a pipeline is besides its sources, transforms and sinks: the part the Python API's
+    `eos.Pipeline(...)` takes as arguments and a pipeline file as its top-level fields."""
+
     name: str = Field(pattern=NAME)
     checkpoint: str = Field(min_length=1)
     epochs: EpochConfig = EpochConfig()
-    transforms: list[TransformConfig] = Field(default_factory=list)
     spark: SparkConfig = SparkConfig()
     ledger: LedgerConfig = LedgerConfig()
     coordinator: CoordinatorConfig = CoordinatorConfig()
     metrics: MetricsConfig = MetricsConfig()
+
+    # -- derived names ---------------------------------------------------------------------
+    @property
+    def ledger_topic(self) -> str:
+        return self.ledger.topic or f"eos-ledger-{self.name}"
+
+    @property
+    def consumer_group(self) -> str:
+        return f"eos-{self.name}"
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.epochs.mode == "exactly-once"
+
+    def checkpoint_path(self, base_dir: Path | None = None) -> str:
+        if "://" in self.checkpoint or self.checkpoint.startswith("/") or base_dir is None:
+            return self.checkpoint
+        if self.checkpoint.startswith("~"):
+            return str(Path(self.checkpoint).expanduser())
+        return str((base_dir / self.checkpoint).resolve())
+
+
+class PipelineBase(PipelineHeader):
+    transforms: list[TransformConfig] = Field(default_factory=list)
     # Set by the kind-specific model below; listed here for type checkers.
     sources: list[Any]
     sinks: list[Any]
@@ -124,30 +158,12 @@ class PipelineBase(Model):
                 raise ValueError(f"sink {sink.name!r}: input {sink.input!r} is not a source or transform")
         return self
 
-    # -- derived names ---------------------------------------------------------------------
     @property
     def last_view(self) -> str:
         return self.transforms[-1].name if self.transforms else self.sources[-1].name
 
     def sink_input(self, sink: SinkEntry) -> str:
         return sink.input or self.last_view
-
-    @property
-    def ledger_topic(self) -> str:
-        return self.ledger.topic or f"eos-ledger-{self.name}"
-
-    @property
-    def consumer_group(self) -> str:
-        return f"eos-{self.name}"
-
-    @property
-    def exactly_once(self) -> bool:
-        return self.epochs.mode == "exactly-once"
-
-    def checkpoint_path(self, base_dir: Path | None = None) -> str:
-        if "://" in self.checkpoint or self.checkpoint.startswith("/") or base_dir is None:
-            return self.checkpoint
-        return str((base_dir / self.checkpoint).resolve())
 
 
 # A pipeline's config type; its sources and sinks are the registered kinds' models.

@@ -11,7 +11,7 @@ import pytest
 from eos.errors import CheckpointError, DependencyUnavailable, PoisonRecord, TaskError, crossing, from_spark, to_wire
 from eos.protocol.coordinator import ABORT, COMMIT, Coordinator, VoteClient, ping
 from eos.protocol.ledger import LedgerEntry, check_against_checkpoint, committed_slots
-from eos.runner import describe_changes
+from eos.startup import describe_changes
 from eos_connectors.kafka import ids
 
 
