@@ -19,7 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, create_model, field_validator
+from pydantic import BaseModel, Discriminator, Field, PrivateAttr, Tag, ValidationError, create_model, field_validator
 from pydantic import model_validator as _model_validator
 
 from eos import registry
@@ -110,6 +110,16 @@ class PipelineHeader(Model):
     ledger: LedgerConfig = LedgerConfig()
     coordinator: CoordinatorConfig = CoordinatorConfig()
     metrics: MetricsConfig = MetricsConfig()
+    # Where the values came from (a pipeline file), for errors that name its lines; None in code.
+    _loaded: LoadedYaml | None = PrivateAttr(default=None)
+
+    def where(self, path: tuple[str | int, ...]) -> str | None:
+        """`file:line` of a value of the pipeline file (None for a pipeline built in code)."""
+        return self._loaded.where(path) if self._loaded is not None else None
+
+    @property
+    def loaded(self) -> LoadedYaml | None:
+        return self._loaded
 
     # -- derived names ---------------------------------------------------------------------
     @property
@@ -283,13 +293,15 @@ def pipeline_from_yaml(loaded: LoadedYaml) -> PipelineBase:
     if not isinstance(loaded.data, dict):
         raise ConfigError(f"{loaded.file}: a pipeline file is a mapping (name:, checkpoint:, sources:, sinks:, ...)")
     try:
-        return pipeline_model().model_validate(loaded.data)
+        config = pipeline_model().model_validate(loaded.data)
     except ValidationError as exc:
         problems = [_describe(e, loaded) for e in exc.errors()]
         unique = list(dict.fromkeys(problems))
         raise ConfigError(
             f"{loaded.file}: {len(unique)} problem{'s' if len(unique) > 1 else ''}:\n  " + "\n  ".join(unique)
         ) from None
+    config._loaded = loaded
+    return config
 
 
 def load_pipeline(path: str | Path, env: Mapping[str, str] | None = None) -> PipelineBase:

@@ -29,7 +29,18 @@ from eos.workergc import freeze_new_imports
 
 
 class EosError(Exception):
-    """An error the user can act on."""
+    """An error the user can act on.
+
+    Its class decides the exit code of every eos command (docs/COMMANDS.md):
+      1  the environment: a broker, topic, database, permission or the checkpoint's location is
+         missing or unreachable, or an epoch kept failing (`EnvironmentProblem`, `EpochFailed`);
+         trying again later, or fixing the system, can help;
+      2  the pipeline file or the command line is wrong (`ConfigError`): fix the file;
+      3  eos refused, to keep exactly-once: the checkpoint is another pipeline's or damaged, the
+         config changed under a pending epoch, another driver runs, a record cannot be decoded
+         under `on_error: fail` (`CheckpointError`, `Permanent`): a person must decide (the
+         message's hint says how); retrying alone never helps.
+    """
 
     exit_code = 1
 
@@ -55,6 +66,8 @@ class EnvironmentProblem(EosError):
 class CheckpointError(EosError):
     """The checkpoint does not belong to this pipeline, is corrupt, or was changed unsafely."""
 
+    exit_code = 3
+
 
 class EpochFailed(EosError):
     """An epoch could not be committed within its allowed attempts."""
@@ -71,6 +84,8 @@ class Retriable(EosError):
 
 class Permanent(EosError):
     """No retry can help: the pipeline stops with this message."""
+
+    exit_code = 3
 
 
 class PoisonRecord(Permanent):

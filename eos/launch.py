@@ -20,8 +20,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from eos.analysis import check_output_mode
 from eos.config import parse_duration
-from eos.errors import CheckpointError
+from eos.errors import CheckpointError, EosError
 from eos.pipeline import Connectors, replay_config
 from eos.protocol.committer import EpochCommitter
 from eos.protocol.coordinator import Coordinator
@@ -69,6 +70,11 @@ def launch(pipeline: Pipeline, options: StartOptions) -> EosQuery:
             setting_up = [pool.submit(sink.set_up) for sink in found.sinks]
             taking = pool.submit(take_over, control, driver, False) if overlap else None
             stream, plans = pipeline.union()
+            try:
+                check_output_mode(spark, stream, header.epochs.output_mode)
+            except EosError as exc:
+                where = config.where(("epochs", "output_mode")) or config.where(("epochs",)) or config.where(())
+                raise exc if where is None else type(exc)(f"{where}: {exc.message}", exc.hint) from None
         # Leaving the pool waited for both, also when the plan failed (the plan's error is raised).
         for done in setting_up:
             done.result()  # a sink's error, such as a ledger topic that is not compacted

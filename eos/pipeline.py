@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eos import registry
+from eos.analysis import spark_message
 from eos.config import (
     CoordinatorConfig,
     EpochConfig,
@@ -324,7 +325,9 @@ class Pipeline:
         """The whole pipeline as the typed config a pipeline file would give."""
         data = self.header.model_dump(by_alias=True, include=set(PipelineHeader.model_fields))
         data.update(sources=list(self._source_entries), sinks=list(self._sink_entries), transforms=self.transforms)
-        return pipeline_model().model_validate(data)
+        config = pipeline_model().model_validate(data)
+        config._loaded = self.header.loaded
+        return config
 
     def connectors(self) -> Connectors:
         sinks = [b.sink for b in self._branches if b.sink is not None]
@@ -412,13 +415,6 @@ def _kind(entry: Any, kinds: Mapping[str, Any], what: str) -> str:
         known = ", ".join(sorted(kinds)) or "none installed"
         raise ConfigError(f"{what} {getattr(entry, 'name', entry)!r} is not a {what} of a known kind ({known})")
     return kind
-
-
-def spark_message(exc: BaseException) -> str:
-    """What a Spark error says, without Spark's decoration: its first non-empty line (Spark 4's
-    ParseException starts with a newline), or the error class and message."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
 
 
 __all__ = ["Connectors", "Pipeline", "StartOptions", "connectors", "load_function", "pipeline_info", "replay_config"]

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from eos.errors import CheckpointError, EosError, EpochFailed, from_spark
+from eos.errors import CheckpointError, EosError, EpochFailed, Permanent, from_spark
 from eos.protocol.committer import EpochCommitter
 from eos.protocol.report import EpochListener
 
@@ -194,7 +194,9 @@ class EosQuery:
             return committer.fatal_error
         typed = from_spark(exc)
         if typed is not None:
-            return EpochFailed(typed.message, typed.hint)
+            # A typed error from inside Spark (a source's planning, a task): a Permanent one keeps its
+            # type (and exit code); any other ended the query, which is an epoch that failed.
+            return typed if isinstance(typed, Permanent) else EpochFailed(typed.message, typed.hint)
         return EpochFailed(f"the streaming query failed: {str(exc).splitlines()[0][:500]}")
 
     def _end(self, error: EosError | None) -> None:

@@ -100,7 +100,27 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
 
     if options.master is not None:
         config = config.model_copy(update={"spark": config.spark.model_copy(update={"master": options.master})})
-    pipeline = build_pipeline(config, base_dir, options.spark, options.failpoints)
+    spark = options.spark
+    if spark is None:
+        # What can be checked without Spark is checked before it starts (tens of seconds on a cold
+        # machine): a wrong topic or DSN is reported in seconds.
+        from eos.preflight import run_checks
+        from eos.sparksession import build_spark
+
+        run_checks(config, base_dir, stop_at_first=True)
+        started = time.monotonic()
+        master = config.spark.master or "local[*]"
+        if options.progress:
+            print(f"eos: {config.name}: starting Spark ({master})...", file=sys.stderr, flush=True)
+        conf = {k: str(v) for k, v in config.spark.conf.items()}
+        spark = build_spark(
+            f"eos-{config.name}", master=config.spark.master, conf=conf, checkpoint=config.checkpoint_path(base_dir)
+        )
+        if options.progress:
+            print(
+                f"eos: {config.name}: Spark started in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True
+            )
+    pipeline = build_pipeline(config, base_dir, spark, options.failpoints)
     query = pipeline.start(
         options.trigger,
         take_over=options.take_over,

@@ -25,6 +25,7 @@ class LoadedYaml:
     file: str
     lines: dict[Path_, int] = field(default_factory=dict)
     from_env: set[Path_] = field(default_factory=set)
+    blocks: set[Path_] = field(default_factory=set)  # block scalars (`|`, `>`): their text starts a line later
 
     def line_of(self, path: Path_) -> int | None:
         """Line of the deepest known node on `path` (1-based)."""
@@ -37,6 +38,14 @@ class LoadedYaml:
     def where(self, path: Path_) -> str:
         line = self.line_of(path)
         return f"{self.file}:{line}" if line else self.file
+
+    def text_line(self, path: Path_, line_in_text: int) -> int | None:
+        """The file's line of line `line_in_text` (1-based) of the text value at `path`, such as a
+        transform's SQL: where an error inside the text is."""
+        start = self.lines.get(path)
+        if start is None:
+            return None
+        return start + (1 if path in self.blocks else 0) + max(0, line_in_text - 1)
 
 
 def _interpolate(text: str, where: str, env: Mapping[str, str]) -> str:
@@ -66,6 +75,8 @@ def _convert(node: yaml.Node, path: Path_, out: LoadedYaml, env: Mapping[str, st
         return result
     if isinstance(node, yaml.SequenceNode):
         return [_convert(item, (*path, i), out, env) for i, item in enumerate(node.value)]
+    if isinstance(node, yaml.ScalarNode) and node.style in ("|", ">"):
+        out.blocks.add(path)
     value = yaml.SafeLoader("").construct_object(node, deep=True)
     if isinstance(value, str) and "${" in value:
         out.from_env.add(path)

@@ -18,8 +18,9 @@ from tests.pipelines import (
     write_pipeline,
 )
 
-CONFIG_ERROR = 2  # eos.errors.ConfigError.exit_code
-OTHER_ERROR = 1  # CheckpointError, EnvironmentProblem
+CONFIG_ERROR = 2  # eos.errors.ConfigError.exit_code: the file is wrong
+ENVIRONMENT = 1  # EnvironmentProblem: a broker, topic, database is missing or unreachable
+REFUSED = 3  # CheckpointError: refused to keep exactly-once
 
 
 def last_error(output: str) -> str:
@@ -127,10 +128,11 @@ def test_missing_sink_topic(bootstrap, new_topic, unique_name, tmp_path):
     # find is the error reported.
     sql = "SELECT nope FROM events"
     config = passthrough_pipeline("p-missing-sink", bootstrap, source, missing, tmp_path / "ck", sql=sql)
-    finished = eos_subprocess("run", str(write_pipeline(tmp_path, config)))
-    assert finished.returncode == CONFIG_ERROR
+    path = write_pipeline(tmp_path, config)
+    finished = eos_subprocess("run", str(path))
+    assert finished.returncode == ENVIRONMENT
     message = last_error(finished.output)
-    assert f"error: sink out: topic {missing!r} does not exist on {bootstrap}" in message, message
+    assert f"error: {path}:18: sink out: topic {missing!r} does not exist on {bootstrap}" in message, message
     assert "nope" not in message
     assert "set `create_topic: true`" in message
     assert not (tmp_path / "ck" / "_eos" / "pipeline.json").exists()
@@ -139,10 +141,11 @@ def test_missing_sink_topic(bootstrap, new_topic, unique_name, tmp_path):
 def test_unreachable_broker_bounded_retries_then_a_clear_message(tmp_path):
     config = passthrough_pipeline("p-unreachable", "127.0.0.1:1", "a", "b", tmp_path / "ck")
     env = {"EOS_STARTUP_ATTEMPTS": "2", "EOS_STARTUP_RETRY_WAIT_S": "1"}
-    finished = eos_subprocess("run", str(write_pipeline(tmp_path, config)), env=env, timeout=180)
-    assert finished.returncode == OTHER_ERROR
+    path = write_pipeline(tmp_path, config)
+    finished = eos_subprocess("run", str(path), env=env, timeout=180)
+    assert finished.returncode == ENVIRONMENT
     message = last_error(finished.output)
-    assert "error: source events: cannot reach Kafka at 127.0.0.1:1 after 2 attempts" in message, message
+    assert f"error: {path}:9: source events: cannot reach Kafka at 127.0.0.1:1 after 2 attempts" in message, message
     assert "hint: is the broker running (`eos kafka status`) and is bootstrap right?" in message
     assert "unreachable (attempt 1/2), retrying" in finished.output
     assert not (tmp_path / "ck" / "_eos" / "pipeline.json").exists()
@@ -170,7 +173,7 @@ def used_checkpoint(spark, bootstrap, new_topic, unique_name, tmp_path):
 def rerun(used: dict, folder: str, **changes) -> str:
     config = {**used["config"], **changes}
     finished = eos_subprocess("run", str(write_pipeline(used["tmp"] / folder, config)))
-    assert finished.returncode == OTHER_ERROR, finished.output[-3000:]
+    assert finished.returncode == REFUSED, finished.output[-3000:]
     print(last_error(finished.output))  # shown with -rP
     return last_error(finished.output)
 

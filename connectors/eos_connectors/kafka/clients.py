@@ -196,6 +196,28 @@ def _names_unknown_topic(exc: BaseException) -> bool:
     return isinstance(error, KafkaError) and error.code() in unknown
 
 
+def similar_topics(admin, topic: str, timeout: float = 10.0) -> list[str]:
+    """Topics of the cluster whose names are close to `topic` (for a "did you mean"); [] if the
+    cluster cannot list them (no Describe on them, say)."""
+    import difflib
+
+    try:
+        names = [name for name in admin.list_topics(timeout=timeout).topics if not name.startswith("__")]
+    except Exception:
+        return []
+    return difflib.get_close_matches(topic, names, n=3, cutoff=0.6)
+
+
+def missing_topic(what: str, topic: str, bootstrap: str, admin: Any, hint: str | None = None) -> Exception:
+    """The error for a topic that does not exist: the environment's, not the file's (the topic may
+    just not be created yet), with the cluster's topics of a similar name."""
+    from eos.api import EnvironmentProblem
+
+    close = similar_topics(admin, topic)
+    suggestion = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return EnvironmentProblem(f"{what}: topic {topic!r} does not exist on {bootstrap}{suggestion}", hint=hint)
+
+
 def create_topic(
     admin, name: str, partitions: int = 1, replication: int = -1, config: Mapping[str, str] | None = None
 ) -> bool:
@@ -229,6 +251,9 @@ def reachable(what: str, bootstrap: str, call: Any) -> Any:
     started = time.monotonic()
     for attempt in range(1, attempts + 1):
         try:
+            refused = _refused(bootstrap)
+            if refused:  # nothing listens: no need to wait out a request timeout to know
+                raise BrokerUnreachable(refused)
             return call()
         except BrokerUnreachable as exc:
             if attempt == attempts:
@@ -242,6 +267,25 @@ def reachable(what: str, bootstrap: str, call: Any) -> Any:
                   file=sys.stderr, flush=True)  # fmt: skip
             time.sleep(wait_s)
     raise AssertionError("unreachable")
+
+
+def _refused(bootstrap: str, timeout_s: float = 1.0) -> str:
+    """A reason if every bootstrap server refuses a TCP connection (or its name does not resolve);
+    "" if one accepts, or if any is slow to answer (then the client's own timeout decides)."""
+    import socket
+
+    reasons = []
+    for server in bootstrap.split(","):
+        host, _, port = server.strip().rpartition(":")
+        host = host.strip("[]") or "localhost"
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout_s):
+                return ""
+        except (ConnectionRefusedError, socket.gaierror, ValueError) as exc:
+            reasons.append(f"{server.strip()}: {exc.strerror if hasattr(exc, 'strerror') and exc.strerror else exc}")
+        except OSError:
+            return ""
+    return "; ".join(reasons)
 
 
 class UnknownTopic(Exception):

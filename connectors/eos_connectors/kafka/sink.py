@@ -63,6 +63,7 @@ from eos_connectors.kafka.clients import (
     is_indefinite,
     is_retriable,
     kafka_error,
+    missing_topic,
     producer,
     reachable,
 )
@@ -139,8 +140,11 @@ class KafkaSink(SinkConnector):
                 reachable(f"sink {self.name}", self.entry.kafka.bootstrap, lambda: describe_topics(admin, [topic]))
             except UnknownTopic:
                 if not self.entry.kafka.create_topic:
-                    raise ConfigError(
-                        f"sink {self.name}: topic {topic!r} does not exist on {self.entry.kafka.bootstrap}",
+                    raise missing_topic(
+                        f"sink {self.name}",
+                        topic,
+                        self.entry.kafka.bootstrap,
+                        admin,
                         hint="create it, or set `create_topic: true` (with `partitions: N`) on the sink",
                     ) from None
                 create_topic(admin, topic, self.entry.kafka.partitions)

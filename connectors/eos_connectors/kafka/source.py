@@ -35,6 +35,7 @@ from eos_connectors.kafka.clients import (
     consumer,
     describe_topics,
     end_offsets,
+    missing_topic,
     only_connection_settings,
     reachable,
     start_offsets,
@@ -102,7 +103,9 @@ class KafkaSource(SourceConnector):
                 f"source {self.name}", kafka.bootstrap, lambda: describe_topics(self.admin, kafka.topics)
             )
         except UnknownTopic as exc:
-            raise ConfigError(f"source {self.name}: topic {exc.topic!r} does not exist on {kafka.bootstrap}") from None
+            raise missing_topic(
+                f"source {self.name}", exc.topic, kafka.bootstrap, self.admin, hint="create it, or fix `topics:`"
+            ) from None
         for topic, info in topics.items():
             if not info.topic_id or info.topic_id.startswith("AAAAAAAAAAAAAAAAAAAAAA"):
                 raise EnvironmentProblem(

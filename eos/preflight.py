@@ -1,0 +1,168 @@
+"""Pre-flight: what can be checked about a pipeline file before Spark starts (tens of seconds on a
+cold machine), so that an ordinary mistake is reported in seconds, with the file's line and the
+fix, and nothing is left behind.
+
+`eos check` runs every check and prints each outcome; `eos run` runs the same checks first and
+stops at the first problem. Without Spark:
+  - the Python transforms import (the pipeline file's folder is on the path);
+  - the checkpoint location can be written (a local one: the folder, or the nearest existing
+    parent it would be made in);
+  - every source and sink checks its system (the connector's `check`: brokers reachable, topics
+    exist, the database connects and allows prepared transactions, ...).
+With Spark (`eos check` starts a small local one; `eos run` does it as it builds the query): the
+SQL parses and resolves against the sources' schemas, sinks' keys are columns of their input, and
+the output mode fits the plan's aggregations and watermarks (eos.analysis).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from eos.config import PipelineConfig
+from eos.errors import ConfigError, EnvironmentProblem, EosError
+from eos.pipeline import connectors, load_function, pipeline_info
+from eos.protocol.checkpoint import is_local, local_path
+from eos.yamlpipeline import located
+
+
+@dataclass
+class Finding:
+    what: str
+    error: EosError | None = None
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def checks(
+    config: PipelineConfig, base_dir: Path | None, opened: list[object]
+) -> Iterator[tuple[str, Callable[[], str]]]:
+    """(what, check) pairs; a check returns a detail line or raises an EosError naming the line."""
+    for index, transform in enumerate(config.transforms):
+        if transform.python:
+            yield (
+                f"transform {transform.name}: python {transform.python}",
+                lambda t=transform, i=index: _imports(config, base_dir, t.python, i),
+            )
+    yield f"checkpoint {config.checkpoint}", lambda: _checkpoint_writable(config, base_dir)
+    found = connectors(config, pipeline_info(config, "(pre-flight)", base_dir))
+    opened += [*found.sources, *found.sinks]
+    entries = [("sources", i, s) for i, s in enumerate(found.sources)]
+    entries += [("sinks", i, s) for i, s in enumerate(found.sinks[: len(config.sinks)])]
+    for kind, index, connector in entries:
+        label = f"{'source' if kind == 'sources' else 'sink'} {connector.name}"
+        yield label, lambda k=kind, i=index, c=connector: _connector(config, k, i, c)
+
+
+def run_checks(config: PipelineConfig, base_dir: Path | None, stop_at_first: bool) -> list[Finding]:
+    findings: list[Finding] = []
+    opened: list[object] = []
+    try:
+        for what, check in checks(config, base_dir, opened):
+            try:
+                findings.append(Finding(what, detail=check()))
+            except EosError as exc:
+                if stop_at_first:
+                    raise
+                findings.append(Finding(what, exc))
+    finally:
+        for connector in opened:
+            connector.close()  # type: ignore[attr-defined]
+    return findings
+
+
+def analyse(config: PipelineConfig, base_dir: Path | None, spark: object = None) -> Finding:
+    """Build the query's plan on Spark without running it: the SQL against the sources' schemas,
+    the sinks' columns and keys, the output mode against the plan."""
+    from eos.analysis import check_output_mode
+    from eos.yamlpipeline import build_pipeline
+
+    what = "the query's plan (SQL, columns, keys, output mode)"
+    try:
+        pipeline = build_pipeline(config, base_dir, spark)
+    except EosError as exc:
+        return Finding(what, exc)
+    try:
+        stream, _ = pipeline.union()
+        check_output_mode(pipeline.spark, stream, config.epochs.output_mode)
+    except EosError as exc:
+        where = config.where(("epochs", "output_mode")) or config.where(("epochs",)) or config.where(())
+        return Finding(what, located(exc, where))
+    finally:
+        pipeline.close()
+    return Finding(what, detail=f"{len(config.sinks)} sink(s), output mode {config.epochs.output_mode}")
+
+
+def _imports(config: PipelineConfig, base_dir: Path | None, reference: str, index: int) -> str:
+    if base_dir is not None and str(base_dir.resolve()) not in sys.path:
+        sys.path.insert(0, str(base_dir.resolve()))
+    try:
+        function = load_function(reference)
+    except ConfigError as exc:
+        where = config.where(("transforms", index, "python"))
+        hint = (
+            f"modules are found in the pipeline file's folder ({base_dir}) and on the Python path; put "
+            f"{reference.partition(':')[0]}.py beside the pipeline file, or install it"
+            if base_dir is not None
+            else None
+        )
+        raise located(ConfigError(exc.message, hint or exc.hint), where) from None
+    module = sys.modules.get(function.__module__)
+    return f"imports from {getattr(module, '__file__', '?')}"
+
+
+def _checkpoint_writable(config: PipelineConfig, base_dir: Path | None) -> str:
+    location = config.checkpoint_path(base_dir)
+    if not is_local(location):
+        return f"{location} (checked when Spark starts)"
+    path = local_path(location)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    where = config.where(("checkpoint",))
+    if not existing.is_dir():
+        raise located(
+            EnvironmentProblem(
+                f"checkpoint {location}: {existing} is not a folder",
+                hint="choose a checkpoint location in a folder eos can create and write",
+            ),
+            where,
+        )
+    if not _can_write(existing):
+        made = "" if existing == path else f" (the checkpoint would be made in {existing})"
+        raise located(
+            EnvironmentProblem(
+                f"checkpoint {location}: {existing} is not writable by this user{made}",
+                hint="choose a writable checkpoint location, or give this user write access to it",
+            ),
+            where,
+        )
+    return f"{path} ({'exists' if path.exists() else 'will be created'}, writable)"
+
+
+def _can_write(folder: Path) -> bool:
+    """Whether a file can be made in `folder`: tried, not guessed from the mode bits (root passes
+    every access check, and a read-only or pseudo filesystem refuses what the bits allow)."""
+    import tempfile
+
+    try:
+        made = tempfile.mkdtemp(prefix=".eos-check-", dir=folder)
+    except OSError:
+        return False
+    os.rmdir(made)
+    return True
+
+
+def _connector(config: PipelineConfig, kind: str, index: int, connector: object) -> str:
+    try:
+        connector.validate()  # type: ignore[attr-defined]
+        connector.check(None)  # type: ignore[attr-defined]
+    except EosError as exc:
+        raise located(exc, config.where((kind, index))) from None
+    return connector.describe()  # type: ignore[attr-defined]
