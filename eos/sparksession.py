@@ -57,6 +57,9 @@ def default_conf(master: str, checkpoint: str | None = None) -> dict[str, str]:
         # function, in every read task of every epoch. Over a Unix domain socket it arrives at
         # once: the slot's read + write 59-62 -> 20-27 ms, a 40-record epoch 192-224 -> 160-202 ms.
         "spark.python.unix.domain.socket.enabled": "true",
+        # PySpark's worker daemon, without a BrokenPipeError traceback each time the JVM hangs up
+        # on a worker that was done (eos/sparkdaemon.py).
+        "spark.python.daemon.module": "eos.sparkdaemon",
     }
     if os.environ.get("EOS_SPARK_LOG") != "verbose":
         conf["spark.driver.extraJavaOptions"] = (
