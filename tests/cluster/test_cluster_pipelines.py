@@ -40,10 +40,27 @@ def _no_job_outlives_its_test(spark_cluster):
         print(f"killed spark-submit processes {left}, which outlived their test")
 
 
-def _check(bootstrap: str, source: str, sink: str, sent: list[str]) -> None:
-    report = eos_verify("--bootstrap", bootstrap, "--input", source, "--output", sink)
+def _check(bootstrap: str, source: str, sink: str, sent: list[str], suffix: str = "") -> None:
+    regex = ["--output-id-regex", f"^(.*){suffix}$"] if suffix else []
+    report = eos_verify("--bootstrap", bootstrap, "--input", source, "--output", sink, *regex)
     assert report["ok"] and report["lost"] == report["duplicated"] == report["unexpected"] == 0, report
-    assert sorted(independent_committed_values(bootstrap, sink, timeout_s=120)) == sorted(sent)
+    assert sorted(independent_committed_values(bootstrap, sink, timeout_s=120)) == sorted(v + suffix for v in sent)
+
+
+# A Python transform in a module beside the pipeline file, with a UDF: the executors must import the
+# module too. eos ships it (SparkContext.addPyFile) whatever the deployment; nothing is installed.
+BESIDE_THE_FILE = """\
+from pyspark.sql import functions as F
+
+
+@F.udf("string")
+def exclaim(value):
+    return value + "!"
+
+
+def exclaimed(df):
+    return df.select("key", exclaim("value").alias("value"))
+"""
 
 
 def _pipeline(tmp_path: Path, hdfs, name: str, bootstrap: str, source: str, sink: str, **epochs) -> Path:
@@ -69,11 +86,16 @@ def test_the_readme_commands_with_an_hdfs_checkpoint_survive_a_kill(
     source, sink = new_topic(partitions=3), new_topic(partitions=3)
     sent = produce_numbered(bootstrap, source, 0, 900)
     path = _pipeline(tmp_path, hdfs, unique_name("p"), bootstrap, source, sink)
+    # ... with a Python transform whose module sits beside the file (README: "Transforms in Python").
+    (tmp_path / "shouting.py").write_text(BESIDE_THE_FILE)
+    config = yaml.safe_load(path.read_text())
+    config["transforms"] = [{"name": "loud", "python": "shouting:exclaimed"}]
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
     crashed = _submit(spark_cluster, path, "--failpoint", "epoch.after_commit=kill@epoch=1")
     assert crashed.wait(600) != 0
     assert "kill -9 at epoch.after_commit" in crashed.output(), crashed.log_tail()
     _submit(spark_cluster, path).finish(600)
-    _check(bootstrap, source, sink, sent)
+    _check(bootstrap, source, sink, sent, suffix="!")
 
 
 def test_workers_brokers_and_the_namenode_fail_under_a_running_job(
