@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from eos.errors import CheckpointError, ConfigError
-from eos.protocol.barrier import SharedEnds
 from eos.protocol.checkpoint import (
     Checkpoint,
     CheckpointMeta,
@@ -182,48 +181,8 @@ def test_a_remote_checkpoints_scratch_folder_is_made_fresh_and_private(tmp_path:
     assert private_folder(folder) == folder  # the same folder, next time
 
 
-def planted(folder: Path, mode_: int, start: dict, ends: dict, run: str = "run1") -> SharedEnds:
-    """Ends for round 1 from `start`, put where a scan would take them, as another user could."""
-    import hashlib
-    import json
-
-    folder.mkdir(parents=True)
-    os.chmod(folder, mode_)
-    key = json.dumps([run, 1, start], sort_keys=True)
-    (folder / hashlib.sha256(key.encode()).hexdigest()[:32]).write_text(json.dumps(ends))
-    return SharedEnds(str(folder), run)
-
-
-START = {"orders": {"0": 100}}
-BELOW = {"orders": {"0": 0}}  # a re-read of offsets 0-99: duplicates
-
-
-def test_ends_planted_in_a_folder_others_can_write_are_never_taken(tmp_path: Path, capsys):
-    ends = planted(tmp_path / "barriers" / "orders", 0o777, START, BELOW)
-    assert ends.agree(1, START, lambda: {"orders": {"0": 150}}) == {"orders": {"0": 150}}
-    assert mode(Path(ends.folder)) == 0o700 and "replaced it with a private one" in capsys.readouterr().err
-
-
-def test_ends_planted_in_another_users_folder_are_refused(tmp_path: Path, monkeypatch):
-    ends = planted(tmp_path / "barriers" / "orders", 0o700, START, BELOW)
-    monkeypatch.setattr(os, "geteuid", lambda: os.stat(tmp_path).st_uid + 1)  # the folder is not ours
-    with pytest.raises(CheckpointError, match=r"is a folder of uid .* not of this user's"):
-        ends.agree(1, START, lambda: {"orders": {"0": 150}})
-
-
 def test_a_link_in_place_of_a_private_folder_is_refused(tmp_path: Path):
     (tmp_path / "theirs").mkdir()
     os.symlink(tmp_path / "theirs", tmp_path / "eos-scratch-x")
     with pytest.raises(CheckpointError, match="is a link"):
         private_folder(tmp_path / "eos-scratch-x")
-
-
-def test_taken_ends_pass_the_check_first(tmp_path: Path):
-    ends = SharedEnds(str(tmp_path / "orders"), "run1")
-    ends.agree(1, START, lambda: BELOW)  # published by a scan (here: a wrong one)
-
-    def check(taken: dict) -> None:
-        raise ValueError(f"refused {taken}")
-
-    with pytest.raises(ValueError, match="refused"):
-        ends.agree(1, START, lambda: {"orders": {"0": 150}}, check)
