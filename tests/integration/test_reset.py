@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from eos.cli import main as eos_main
+from eos.errors import CheckpointError
 from eos.protocol.checkpoint import Checkpoint, CheckpointMeta
 from eos.protocol.decision import Decision, DriverInfo
 from eos.protocol.ledger import LedgerEntry
@@ -178,3 +179,33 @@ def test_a_shared_ledger_topic_keeps_the_other_pipelines_entries(admin, bootstra
     # A reset with nothing left to forget forgets nothing of the other pipeline either.
     assert eos_main(["reset", str(path), "--yes"]) == 0
     assert read_ledger(client, shared, second) == written[second]
+
+
+# -- through Hadoop's FileSystem API -------------------------------------------------------------------
+
+
+def test_a_checkpoint_through_hadoops_filesystem_is_checked_deleted_and_its_metadata_private(spark, tmp_path):
+    """The path remote checkpoints take (eos.protocol.checkpoint._HadoopFiles), on Hadoop's local
+    filesystem: it writes checksums beside every file (.NAME.crc), which belong to the file.
+    On HDFS: tests/cluster/test_hdfs.py."""
+    import stat
+
+    from eos.protocol.checkpoint import _HadoopFiles
+    from tests.unit.test_checkpoint_safety import SPARK_AND_EOS, lay_out
+
+    root = lay_out(tmp_path / "ck", [rel for rel in SPARK_AND_EOS if not rel.startswith("_eos/")])
+    checkpoint = Checkpoint(str(root))
+    checkpoint.files = _HadoopFiles(f"file://{root}", spark._jvm, spark._jsc.hadoopConfiguration())
+    checkpoint.write_meta(CheckpointMeta("p", "ck1", "exactly-once", {}, {}, "d"))
+    assert stat.S_IMODE((root / "_eos").stat().st_mode) == 0o700
+    assert stat.S_IMODE((root / "_eos" / "pipeline.json").stat().st_mode) == 0o600
+    assert (root / "_eos" / ".pipeline.json.crc").exists()
+    checkpoint.check_deletable()  # Spark's, eos's and Hadoop's checksums only
+
+    (root / "state" / "notes").write_text("mine")
+    with pytest.raises(CheckpointError, match="it holds what neither Spark nor eos wrote: state/notes"):
+        checkpoint.check_deletable()
+    (root / "state" / "notes").unlink()
+    (tmp_path / "beside").write_text("kept")
+    assert checkpoint.delete() is True
+    assert [p.name for p in tmp_path.iterdir()] == ["beside"]
