@@ -334,13 +334,21 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Ends another scan published (eos.protocol.barrier) are read back from a file: they are
         used only if every partition of the start has one, and start <= end <= the latest offset.
         The latest offsets are asked for only when an end passes those asked for before (a log
-        only grows; the scan that plans stops at a recreated topic)."""
+        only grows; the scan that plans stops at a recreated topic), and of the start's partitions
+        only, in one request (a new partition takes the plan's full look at the topics)."""
         try:
             begin, ends = planning.decode(start), planning.decode(taken)
         except (AttributeError, TypeError, ValueError):
             self._refuse_taken([f"unreadable: {str(taken)[:100]}"])
         if any(end > self._latest_seen.get(tp, -1) for tp, end in ends.items()):
-            self._latest_seen = self._latest()
+            if begin and set(ends) <= set(begin):
+                partitions: dict[str, list[int]] = {}
+                for topic, partition in begin:
+                    partitions.setdefault(topic, []).append(partition)
+                latest = end_offsets(self.admin, partitions, read_committed=self.options.read_committed)
+                self._latest_seen = {**self._latest_seen, **latest}
+            else:
+                self._latest_seen = self._latest()
         wrong = [f"{t}/{p} has no end" for t, p in sorted(set(begin) - set(ends))]
         for (topic, partition), end in sorted(ends.items()):
             low, high = begin.get((topic, partition), 0), self._latest_seen.get((topic, partition))
