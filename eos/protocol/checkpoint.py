@@ -26,6 +26,7 @@ deletion could take what is not the checkpoint's (unsafe_location).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -482,10 +483,17 @@ class Checkpoint:
     def delete(self) -> bool:
         """Delete what Spark and eos wrote in the checkpoint (call check_deletable first), then its
         folder if that left it empty. Whether the folder is gone (what appeared there meanwhile,
-        neither Spark's nor eos's, is left, and so is the folder)."""
+        neither Spark's nor eos's, is left, and so is the folder). A remote checkpoint's scratch
+        folder on this machine goes too."""
         for name in self.files.list(""):
             if name in SPARK_FOLDERS or name == EOS_FOLDER or _written(name, "metadata"):
                 self.files.delete(name)
+        if self.local is None:  # a remote checkpoint's scratch folder is on this machine
+            scratch = scratch_dir(self.uri)
+            with contextlib.suppress(FileNotFoundError):
+                info = os.lstat(scratch)
+                if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():  # eos's, not a planted one
+                    shutil.rmtree(scratch)
         return self.files.remove_if_empty()
 
     @staticmethod

@@ -434,8 +434,10 @@ def test_eos_keeps_its_metadata_private_and_reset_deletes_only_the_checkpoint_on
         checkpoint.check_deletable()
     fs.delete(f"{location}/offsets/notes.txt")
     fs.write(f"{parent}/beside", b"kept")
+    scratch = checkpoint.scratch_dir()  # on this machine, private
+    assert scratch.stat().st_mode & 0o777 == 0o700
     assert checkpoint.delete() is True
-    assert fs.names(parent) == ["beside"]
+    assert fs.names(parent) == ["beside"] and not scratch.exists()
 
 
 # ---------------------------------------------------------------------------------------------
