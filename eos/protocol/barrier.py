@@ -21,10 +21,10 @@ the start offsets (should the counts ever disagree, a scan plans on its own rath
 ends planned from another start); only the newest entries are kept.
 
 Ends read back are not trusted for being there. The folder is private (mode 0700, this user's:
-eos.protocol.checkpoint.private_folder): for a remote checkpoint it is under the machine's temp
-folder, where any local user could have made it first and planted ends below the start (a
-re-read: duplicates) or beyond the log's end. And a scan that takes ends checks them before it
-uses them (`check`: the source knows its start and its log's latest offsets).
+eos.private): for a remote checkpoint it is under the machine's temp folder, where any local
+user could have made it first and planted ends below the start (a re-read: duplicates) or beyond
+the log's end. And a scan that takes ends checks them before it uses them (`check`: the source
+knows its start and its log's latest offsets).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eos.protocol.checkpoint import private_folder
+from eos.private import private_folder
 
 KEEP = 16  # entries kept per source: a batch's scans need only its own, taken milliseconds later
 

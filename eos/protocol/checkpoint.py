@@ -19,7 +19,7 @@ The metadata is private: `_eos` is a 0700 folder and `pipeline.json` a 0600 file
 the same permissions where the filesystem has them; an object store has none). Spark's own files
 keep Spark's permissions.
 
-`eos reset` deletes a checkpoint: only what Spark and eos write there (CHECKPOINT_LAYOUT), then
+`eos reset` deletes a checkpoint: only what Spark and eos write there (foreign_entries), then
 the folder if that emptied it. It refuses a folder that holds anything else, and a location whose
 deletion could take what is not the checkpoint's (unsafe_location).
 """
@@ -33,7 +33,6 @@ import os
 import re
 import shutil
 import stat
-import sys
 import tempfile
 import time
 import uuid
@@ -43,6 +42,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from eos.errors import CheckpointError, ConfigError
+from eos.private import private_dir, private_folder
 
 FORMAT_VERSION = 2
 META = "_eos/pipeline.json"
@@ -78,8 +78,8 @@ class _LocalFiles:
         folder = self.root
         for part in Path(rel).parent.parts:
             folder = folder / part
-            _private_dir(folder)
-        # Named like a temporary file of Spark's: CHECKPOINT_LAYOUT knows both.
+            private_dir(folder)
+        # Named like a temporary file of Spark's: foreign_entries knows both.
         staging = target.with_name(f".{target.name}.{uuid.uuid4()}.tmp")
         with os.fdopen(os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
             out.write(text)
@@ -209,67 +209,6 @@ def scratch_dir(location: str) -> Path:
     return Path(tempfile.gettempdir()) / f"eos-scratch-{name}"
 
 
-def private_folder(path: Path) -> Path:
-    """`path` as a folder only this user can use, for files eos trusts when it reads them back
-    (the ends the scans of a source agree on: eos.protocol.barrier). Created with mode 0700 (and
-    so are its missing parents). An existing one must be a folder of this user's: a link, a file,
-    or a folder of another user's (who made it first, under a name eos uses, could have put files
-    there) is refused. One of this user's that others could write into is replaced: what it held
-    is disposable, and may not be eos's. Read access for others is taken away."""
-    try:
-        os.mkdir(path, 0o700)
-        return path
-    except FileNotFoundError:
-        private_folder(path.parent)
-        return private_folder(path)
-    except FileExistsError:
-        pass
-    info = os.lstat(path)
-    me = os.geteuid()
-    what = "a link" if stat.S_ISLNK(info.st_mode) else None if stat.S_ISDIR(info.st_mode) else "a file"
-    if what or info.st_uid != me:
-        whose = what or f"a folder of uid {info.st_uid}'s, not of this user's (uid {me})"
-        raise CheckpointError(
-            f"eos's private folder {path} is {whose}: files another user put there would be trusted",
-            hint=f"remove {path} (as its owner, or root) and start again; or point TMPDIR to a folder only you "
-            "can write (for a remote checkpoint's scratch folder)",
-        )
-    if info.st_mode & 0o022:
-        try:
-            shutil.rmtree(path)
-            os.mkdir(path, 0o700)
-        except OSError as exc:
-            raise CheckpointError(
-                f"eos's private folder {path} was open to other users (mode {stat.S_IMODE(info.st_mode):04o}), and "
-                f"replacing it failed: {exc}",
-                hint=f"remove {path} (as root if another user's files are in it) and start again",
-            ) from exc
-        print(
-            f"eos: warning: {path} was open to other users (mode {stat.S_IMODE(info.st_mode):04o}); replaced it "
-            "with a private one (what it held was not trusted)",
-            file=sys.stderr,
-            flush=True,
-        )
-    elif info.st_mode & 0o077:
-        os.chmod(path, 0o700)
-    return path
-
-
-def _private_dir(path: Path) -> None:
-    """The metadata's folder: created 0700, or made 0700 (not replaced: it holds the metadata)."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        if stat.S_IMODE(os.stat(path).st_mode) != 0o700:
-            try:
-                os.chmod(path, 0o700)
-            except PermissionError as exc:
-                raise CheckpointError(
-                    f"cannot make {path} private (mode 0700): {exc}",
-                    hint="the checkpoint belongs to another user: run eos as that user",
-                ) from exc
-
-
 # What a checkpoint holds, and nothing else: Spark's streaming checkpoint (Spark 4's
 # StreamingCheckpointConstants: `metadata`, `offsets`, `commits`, `state`; MicroBatchExecution:
 # `sources`) and eos's `_eos`. Beside a file, a write may leave its temporary file (Spark's
@@ -379,7 +318,7 @@ class Checkpoint:
         folder = scratch_dir(self.uri)
         if self.local is not None:
             self.local.mkdir(parents=True, exist_ok=True)
-            _private_dir(folder.parent)
+            private_dir(folder.parent)
         return private_folder(folder)
 
     # -- Spark's logs --------------------------------------------------------------------------

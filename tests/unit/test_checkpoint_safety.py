@@ -1,6 +1,6 @@
-"""What `eos reset` may delete, and eos's private folders (eos.protocol.checkpoint): pure file
-logic on real folders. The Kafka side of a reset, and a reset on a checkpoint Spark wrote, are in
-tests/integration/test_reset.py."""
+"""What `eos reset` may delete (eos.protocol.checkpoint), and eos's private folders (eos.private):
+pure file logic on real folders. The Kafka side of a reset, and a reset on a checkpoint Spark
+wrote, are in tests/integration/test_reset.py."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from eos.errors import CheckpointError, ConfigError
+from eos.private import private_folder
 from eos.protocol.checkpoint import (
     Checkpoint,
     CheckpointMeta,
     foreign_entries,
-    private_folder,
     scratch_dir,
     unsafe_location,
 )
