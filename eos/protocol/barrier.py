@@ -19,6 +19,12 @@ together then end together, epoch after epoch. An entry is keyed by the run (a n
 afresh, under its own settings), the round (each scan counts the rounds it was asked in) and
 the start offsets (should the counts ever disagree, a scan plans on its own rather than take
 ends planned from another start); only the newest entries are kept.
+
+Ends read back are not trusted for being there. The folder is private (mode 0700, this user's:
+eos.private): for a remote checkpoint it is under the machine's temp folder, where any local
+user could have made it first and planted ends below the start (a re-read: duplicates) or beyond
+the log's end. And a scan that takes ends checks them before it uses them (`check`: the source
+knows its start and its log's latest offsets).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eos.private import private_folder
+
 KEEP = 16  # entries kept per source: a batch's scans need only its own, taken milliseconds later
 
 
@@ -44,17 +52,18 @@ class SharedEnds:
     folder: str
     run: str
 
-    def agree(self, round_: int, start: Any, plan: Callable[[], Any]) -> Any:
+    def agree(
+        self, round_: int, start: Any, plan: Callable[[], Any], check: Callable[[Any], None] | None = None
+    ) -> Any:
         """The ends of the epoch starting at `start` in planning round `round_`: another scan's,
-        if one was asked first, else `plan()`'s, published for the others. Ends and start are
-        JSON values."""
-        folder = Path(self.folder)
+        if one was asked first (passed to `check` first, which raises if they cannot be right),
+        else `plan()`'s, published for the others. Ends and start are JSON values."""
+        folder = private_folder(Path(self.folder))
         key = json.dumps([self.run, round_, start], sort_keys=True)
         entry = folder / hashlib.sha256(key.encode()).hexdigest()[:32]
         with contextlib.suppress(FileNotFoundError):
-            return json.loads(entry.read_text())
+            return _taken(entry, check)
         ends = plan()
-        folder.mkdir(parents=True, exist_ok=True)
         descriptor, written = tempfile.mkstemp(dir=folder, prefix=".")
         try:
             with os.fdopen(descriptor, "w") as out:
@@ -64,7 +73,7 @@ class SharedEnds:
                 # to publish would win and the other would take its ends.
                 os.link(written, entry)
             except FileExistsError:
-                return json.loads(entry.read_text())
+                return _taken(entry, check)
             except OSError:
                 # A filesystem without hard links: Spark asks the scans one after the other, so
                 # a plain atomic rename publishes just as well there.
@@ -74,6 +83,13 @@ class SharedEnds:
                 os.unlink(written)
         _prune(folder, entry)
         return ends
+
+
+def _taken(entry: Path, check: Callable[[Any], None] | None) -> Any:
+    ends = json.loads(entry.read_text())
+    if check is not None:
+        check(ends)
+    return ends
 
 
 def _prune(folder: Path, newest: Path) -> None:

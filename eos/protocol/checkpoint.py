@@ -14,21 +14,35 @@ identity); and, for as long as an epoch is pending, the *replay config*: everyth
 what a replay writes (sources, transforms, sinks, formats, slots). A start with a different
 replay config while an epoch is pending is refused (a replay must repeat what was planned);
 with nothing pending it is recorded as the new replay config.
+
+The metadata is private: `_eos` is a 0700 folder and `pipeline.json` a 0600 file (through Hadoop,
+the same permissions where the filesystem has them; an object store has none). Spark's own files
+keep Spark's permissions.
+
+`eos reset` deletes a checkpoint: only what Spark and eos write there (foreign_entries), then
+the folder if that emptied it. It refuses a folder that holds anything else, and a location whose
+deletion could take what is not the checkpoint's (unsafe_location).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
+import shutil
+import stat
 import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from eos.errors import CheckpointError
+from eos.errors import CheckpointError, ConfigError
+from eos.private import private_dir, private_folder
 
 FORMAT_VERSION = 2
 META = "_eos/pipeline.json"
@@ -58,10 +72,16 @@ class _LocalFiles:
             return None
 
     def write_atomic(self, rel: str, text: str) -> None:
+        """A private file (0600) in private folders (0700) below the checkpoint's own folder."""
         target = self.root / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
-        with open(staging, "w") as out:
+        self.root.mkdir(parents=True, exist_ok=True)  # the checkpoint's folder: Spark's permissions
+        folder = self.root
+        for part in Path(rel).parent.parts:
+            folder = folder / part
+            private_dir(folder)
+        # Named like a temporary file of Spark's: foreign_entries knows both.
+        staging = target.with_name(f".{target.name}.{uuid.uuid4()}.tmp")
+        with os.fdopen(os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
             out.write(text)
             out.flush()
             os.fsync(out.fileno())
@@ -74,10 +94,25 @@ class _LocalFiles:
     def exists(self, rel: str) -> bool:
         return (self.root / rel).exists()
 
-    def delete_all(self) -> None:
-        import shutil
+    def is_file(self, rel: str) -> bool:
+        return (self.root / rel).is_file()
 
-        shutil.rmtree(self.root, ignore_errors=True)
+    def delete(self, rel: str) -> None:
+        path = self.root / rel
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)  # a link goes, never what it points to
+
+    def remove_if_empty(self) -> bool:
+        """Remove the checkpoint's folder if it is empty; whether it is gone."""
+        try:
+            self.root.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:  # not empty
+            return False
+        return True
 
 
 class _HadoopFiles:
@@ -115,8 +150,11 @@ class _HadoopFiles:
         return bytes(data).decode()
 
     def write_atomic(self, rel: str, text: str) -> None:
+        """A 0600 file in a 0700 folder where the filesystem has permissions (HDFS does, an object
+        store does not): the folder is made private before the file is written into it."""
         path = self._path(rel)
         self.manager.mkdirs(path.getParent())
+        self._set_permission(path.getParent(), "700")
         stream = self.manager.createAtomic(path, True)
         try:
             stream.write(bytearray(text.encode()))
@@ -124,6 +162,17 @@ class _HadoopFiles:
         except Exception:
             stream.cancel()
             raise
+        self._set_permission(path, "600")
+
+    def _set_permission(self, path: Any, octal: str) -> None:
+        from py4j.protocol import Py4JJavaError
+
+        permission = self.jvm.org.apache.hadoop.fs.permission.FsPermission(octal)
+        try:
+            self.fs.setPermission(path, permission)
+        except Py4JJavaError as exc:  # a filesystem without permissions may say so
+            if "UnsupportedOperationException" not in str(exc.java_exception.getClass().getName()):
+                raise
 
     def list(self, rel: str) -> list[str]:
         path = self._path(rel)
@@ -134,18 +183,102 @@ class _HadoopFiles:
     def exists(self, rel: str) -> bool:
         return bool(self.fs.exists(self._path(rel)))
 
-    def delete_all(self) -> None:
-        self.fs.delete(self._path(""), True)
+    def is_file(self, rel: str) -> bool:
+        return bool(self.fs.isFile(self._path(rel)))
+
+    def delete(self, rel: str) -> None:
+        self.fs.delete(self._path(rel), True)
+
+    def remove_if_empty(self) -> bool:
+        root = self._path("")
+        if not self.fs.exists(root):
+            return True
+        if len(self.fs.listStatus(root)) > 0:
+            return False
+        return bool(self.fs.delete(root, False))
 
 
 def scratch_dir(location: str) -> Path:
     """A folder on the driver's machine for a checkpoint's local state (failpoint firings, the
     ends its scans agree on): beside Spark's logs for a local checkpoint, else in the machine's
-    temp folder (shared by every process there)."""
+    temp folder (where every local user may create files: Checkpoint.scratch_dir makes it private
+    before it is used)."""
     if is_local(location):
         return local_path(location) / "_eos" / "scratch"
     name = hashlib.sha256(location.rstrip("/").encode()).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"eos-scratch-{name}"
+
+
+# What a checkpoint holds, and nothing else: Spark's streaming checkpoint (Spark 4's
+# StreamingCheckpointConstants: `metadata`, `offsets`, `commits`, `state`; MicroBatchExecution:
+# `sources`) and eos's `_eos`. Beside a file, a write may leave its temporary file (Spark's
+# CheckpointFileManager writes `.NAME.<uuid>[.TID<n>].tmp` and renames it into place; eos's local
+# writes are named the same) and Hadoop's local filesystem a checksum (`.NAME.crc`, of either).
+SPARK_FOLDERS = ("offsets", "commits", "sources", "state")
+EOS_FOLDER = "_eos"
+BATCH = r"\d+"  # a log's files (offsets/N, commits/N, sources/<source>/N) and numbered folders
+
+
+def _written(name: str, base: str) -> bool:
+    """Whether `name` is the file `base` (a regex) or what a write of it leaves beside it."""
+    temporary = rf"\.{base}\.[0-9a-f-]{{36}}(?:\.TID\d+)?\.tmp"
+    return re.fullmatch(rf"{base}|\.{base}\.crc|{temporary}|\.{temporary}\.crc", name) is not None
+
+
+def foreign_entries(files: _LocalFiles | _HadoopFiles) -> list[str]:
+    """What in the checkpoint's folder neither Spark nor eos wrote (paths relative to it). Spark's
+    folders are looked into one level (two for `sources`): a log holds numbered files, `sources`
+    and `state` numbered folders. What is below is the state store's own (RocksDB, deltas, schemas)."""
+    foreign: list[str] = []
+
+    def expect(folder: str, names: list[str], ok: Any) -> list[str]:
+        foreign.extend(f"{folder}/{name}" for name in names if not ok(name))
+        return [name for name in names if ok(name)]
+
+    for name in files.list(""):
+        if name in ("offsets", "commits"):
+            expect(name, files.list(name), lambda n: _written(n, BATCH))
+        elif name == "sources":
+            for source in expect(name, files.list(name), str.isdigit):
+                expect(f"{name}/{source}", files.list(f"{name}/{source}"), lambda n: _written(n, BATCH))
+        elif name == "state":
+            expect(name, files.list(name), str.isdigit)
+        elif name == EOS_FOLDER:
+            expect(name, files.list(name), lambda n: n == "scratch" or _written(n, r"pipeline\.json"))
+        elif not _written(name, "metadata"):
+            foreign.append(name)
+    return foreign
+
+
+DELETABLE = (
+    "give the pipeline a checkpoint folder of its own (`checkpoint: checkpoints/NAME`): stop the pipeline, move "
+    "Spark's and eos's entries (offsets, commits, metadata, sources, state, _eos) into that folder, point "
+    "`checkpoint:` at it, and run eos reset again"
+)
+
+
+def unsafe_location(location: str, pipeline_file: Path | None = None) -> str | None:
+    """Why eos must never delete the folder at `location`, or None: the filesystem's root (a
+    remote filesystem's too), or the home folder, the current folder or the pipeline file's
+    folder, or a folder that holds one of them."""
+    if not is_local(location):
+        parts = urlsplit(location)
+        if not parts.path.strip("/"):
+            return f"{location} is the root of the filesystem {parts.scheme}://{parts.netloc}"
+        return None
+    path = local_path(location)
+    if path == Path(path.anchor):
+        return f"{location} is the filesystem's root"
+    named = [(Path.home().resolve(), "your home folder"), (Path.cwd().resolve(), "the current folder")]
+    if pipeline_file is not None:
+        named.append((pipeline_file.resolve().parent, f"the folder of the pipeline file {pipeline_file}"))
+    for inside, what in named:
+        if inside == path:
+            return f"{location} is {what}"
+    for inside, what in named:
+        if inside.is_relative_to(path):
+            return f"{location} holds {what} ({inside})"
+    return None
 
 
 @dataclass
@@ -180,7 +313,13 @@ class Checkpoint:
         return self.files.root if isinstance(self.files, _LocalFiles) else None
 
     def scratch_dir(self) -> Path:
-        return scratch_dir(self.uri)
+        """The checkpoint's scratch folder, private (private_folder); the checkpoint's own folder
+        is created if need be (with Spark's permissions: Spark would create it)."""
+        folder = scratch_dir(self.uri)
+        if self.local is not None:
+            self.local.mkdir(parents=True, exist_ok=True)
+            private_dir(folder.parent)
+        return private_folder(folder)
 
     # -- Spark's logs --------------------------------------------------------------------------
     def _batch_ids(self, folder: str) -> list[int]:
@@ -262,8 +401,39 @@ class Checkpoint:
                 "(two pipelines must never share a checkpoint)"
             )
 
-    def delete(self) -> None:
-        self.files.delete_all()
+    # -- reset ---------------------------------------------------------------------------------
+    def check_deletable(self, pipeline_file: Path | None = None) -> None:
+        """Refuse a checkpoint eos must not delete: a location that holds what is not the
+        checkpoint's (unsafe_location), or a folder that holds anything Spark and eos did not
+        write there (foreign_entries). A location with nothing there is fine."""
+        if problem := unsafe_location(self.location, pipeline_file):
+            raise ConfigError(f"refusing to delete the checkpoint: {problem}", hint=DELETABLE)
+        if self.files.is_file(""):
+            raise CheckpointError(f"refusing to delete the checkpoint: {self.uri} is a file, not a checkpoint folder")
+        foreign = foreign_entries(self.files)
+        if foreign:
+            shown = ", ".join(foreign[:10]) + (f" and {len(foreign) - 10} more" if len(foreign) > 10 else "")
+            raise CheckpointError(
+                f"refusing to delete the checkpoint {self.uri}: it holds what neither Spark nor eos wrote: {shown}",
+                hint="eos reset deletes only a checkpoint's own files; move the others out of the checkpoint's "
+                "folder and run eos reset again",
+            )
+
+    def delete(self) -> bool:
+        """Delete what Spark and eos wrote in the checkpoint (call check_deletable first), then its
+        folder if that left it empty. Whether the folder is gone (what appeared there meanwhile,
+        neither Spark's nor eos's, is left, and so is the folder). A remote checkpoint's scratch
+        folder on this machine goes too."""
+        for name in self.files.list(""):
+            if name in SPARK_FOLDERS or name == EOS_FOLDER or _written(name, "metadata"):
+                self.files.delete(name)
+        if self.local is None:  # a remote checkpoint's scratch folder is on this machine
+            scratch = scratch_dir(self.uri)
+            with contextlib.suppress(FileNotFoundError):
+                info = os.lstat(scratch)
+                if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():  # eos's, not a planted one
+                    shutil.rmtree(scratch)
+        return self.files.remove_if_empty()
 
     @staticmethod
     def new_id() -> str:

@@ -408,6 +408,38 @@ def test_streaming_checkpoint_on_hdfs_resumes_after_a_restart(spark, url: str):
     assert leftovers == [], "the checkpoint manager left temporary files behind"
 
 
+def test_eos_keeps_its_metadata_private_and_reset_deletes_only_the_checkpoint_on_hdfs(spark, url: str):
+    """A Spark checkpoint on HDFS with eos's metadata: `_eos` 0700 and `pipeline.json` 0600
+    (FsPermission; Spark's own files keep HDFS's defaults), nothing in it that eos reset would
+    refuse, a file of someone else's refused, and a reset deletes the checkpoint and nothing
+    beside it."""
+    from eos.errors import CheckpointError
+    from eos.protocol.checkpoint import Checkpoint, CheckpointMeta
+
+    parent = url + unique("reset")
+    location = f"{parent}/rate"
+    RateQuery(spark, location).run_available_now()
+    checkpoint = Checkpoint(location, spark)
+    checkpoint.write_meta(CheckpointMeta("p", "ck1", "exactly-once", {}, {}, "d"))
+    fs = Fs.get(spark, url)
+
+    def mode(path: str) -> int:
+        return fs.jfs.getFileStatus(fs.path(path)).getPermission().toShort()
+
+    assert (mode(f"{location}/_eos"), mode(f"{location}/_eos/pipeline.json")) == (0o700, 0o600)
+    assert checkpoint.read_meta().checkpoint_id == "ck1"
+    checkpoint.check_deletable()
+    fs.write(f"{location}/offsets/notes.txt", b"mine")
+    with pytest.raises(CheckpointError, match=r"neither Spark nor eos wrote: offsets/notes\.txt"):
+        checkpoint.check_deletable()
+    fs.delete(f"{location}/offsets/notes.txt")
+    fs.write(f"{parent}/beside", b"kept")
+    scratch = checkpoint.scratch_dir()  # on this machine, private
+    assert scratch.stat().st_mode & 0o777 == 0o700
+    assert checkpoint.delete() is True
+    assert fs.names(parent) == ["beside"] and not scratch.exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # (d) A NameNode restart while clients write
 # ---------------------------------------------------------------------------------------------

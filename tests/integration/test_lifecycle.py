@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -87,6 +88,9 @@ def test_a_deleted_checkpoint_is_refused_and_reset_starts_over(bootstrap, new_to
     sent = produce_numbered(bootstrap, source, 0, 300)
     path = write_pipeline(tmp_path, passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck"))
     assert eos_subprocess("run", str(path)).returncode == 0
+    # eos's metadata is private; Spark's files keep Spark's permissions.
+    assert stat.S_IMODE((tmp_path / "ck" / "_eos").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "ck" / "_eos" / "pipeline.json").stat().st_mode) == 0o600
 
     shutil.rmtree(tmp_path / "ck")  # the checkpoint is lost; the ledger remembers the commits
     refused = eos_subprocess("run", str(path))
@@ -97,5 +101,12 @@ def test_a_deleted_checkpoint_is_refused_and_reset_starts_over(bootstrap, new_to
     unconfirmed = eos_subprocess("reset", str(path))
     assert unconfirmed.returncode != 0 and "--yes" in unconfirmed.output
     assert eos_subprocess("reset", str(path), "--yes").returncode == 0
+    # The ledger topic stays, with tombstones for the pipeline's entries: the run reads no entry.
     assert eos_subprocess("run", str(path)).returncode == 0
     assert_exactly_once(sent + sent, committed_values(bootstrap, sink))  # started over, as asked
+
+    # A reset of the checkpoint Spark and eos wrote deletes it, and nothing beside it.
+    assert (tmp_path / "ck" / "offsets").is_dir() and (tmp_path / "ck" / "_eos" / "pipeline.json").is_file()
+    reset = eos_subprocess("reset", str(path), "--yes")
+    assert reset.returncode == 0 and f"deleted checkpoint {tmp_path / 'ck'}" in reset.output, reset.output[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipeline.yaml"]

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pickle
+import stat
 import time
 from pathlib import Path
 
+import pytest
+
+from eos.errors import CheckpointError
 from eos.protocol.barrier import KEEP, SharedEnds
 from eos.protocol.source import StreamOptions
 
@@ -96,3 +102,51 @@ def test_a_filesystem_without_hard_links_still_publishes(tmp_path: Path, monkeyp
     taken = Planner({})
     assert ends.agree(1, START, taken) == {"orders": {"0": 160, "1": 300}} and taken.calls == 0
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+# -- ends read back are not trusted for being there (issue 35, scratch space) -------------------------
+
+
+def planted(folder: Path, mode_: int, start: dict, ends: dict, run: str = "run1") -> SharedEnds:
+    """Ends for round 1 from `start`, put where a scan would take them, as another user could."""
+    folder.mkdir(parents=True)
+    os.chmod(folder, mode_)
+    key = json.dumps([run, 1, start], sort_keys=True)
+    (folder / hashlib.sha256(key.encode()).hexdigest()[:32]).write_text(json.dumps(ends))
+    return SharedEnds(str(folder), run)
+
+
+BELOW = {"orders": {"0": 0, "1": 250}}  # a re-read of offsets 0-99 of partition 0: duplicates
+OWN = {"orders": {"0": 150, "1": 250}}  # what the scan plans itself
+
+
+def test_ends_planted_in_a_folder_others_can_write_are_never_taken(tmp_path: Path, capsys):
+    """The folder is replaced by a private one (what it held was not eos's to trust)."""
+    ends = planted(tmp_path / "barriers" / "orders", 0o777, START, BELOW)
+    assert ends.agree(1, START, Planner(OWN)) == OWN
+    assert stat.S_IMODE(Path(ends.folder).stat().st_mode) == 0o700
+    assert "replaced it with a private one" in capsys.readouterr().err
+
+
+def test_ends_planted_in_another_users_folder_are_refused(tmp_path: Path, monkeypatch):
+    ends = planted(tmp_path / "barriers" / "orders", 0o700, START, BELOW)
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(tmp_path).st_uid + 1)  # the folder is not ours
+    with pytest.raises(CheckpointError, match=r"is a folder of uid .* not of this user's"):
+        ends.agree(1, START, Planner(OWN))
+
+
+def test_a_new_folder_is_private(tmp_path: Path):
+    ends = SharedEnds(str(tmp_path / "barriers" / "orders"), "run1")
+    ends.agree(1, START, Planner(OWN))
+    assert [stat.S_IMODE((tmp_path / p).stat().st_mode) for p in ("barriers", "barriers/orders")] == [0o700, 0o700]
+
+
+def test_taken_ends_pass_the_check_first(tmp_path: Path):
+    ends = SharedEnds(str(tmp_path / "orders"), "run1")
+    ends.agree(1, START, Planner(BELOW))  # published by a scan (here: a wrong one)
+
+    def check(taken: dict) -> None:
+        raise ValueError(f"refused {taken}")
+
+    with pytest.raises(ValueError, match="refused"):
+        ends.agree(1, START, Planner(OWN), check)

@@ -96,10 +96,31 @@ class KafkaControlLog(ControlLog):
         self._write("pools", {"pools": {name: asdict(pool) for name, pool in pools.items()}})
 
     def reset(self) -> None:
-        admin = self.admin
-        if self.topic in admin.list_topics(timeout=10).topics:
-            for future in admin.delete_topics([self.topic], operation_timeout=30).values():
-                future.result()
+        """Tombstones for this pipeline's records, in one transaction of the driver id this
+        (resetting) driver took over: fenced like any write, so a driver that took the pipeline
+        over meanwhile keeps its records. The topic stays: `<ledger topic>.control` is shared by
+        every pipeline whose ledger topic is."""
+        if self._producer is None:
+            raise DriverFenced(f"pipeline {self.pipeline}: this driver has not taken the pipeline over")
+        instance = self._producer
+        try:
+            instance.begin_transaction()
+            for kind in KINDS:
+                instance.produce(self.topic, None, control_key(self.pipeline, kind), partition=0)
+            instance.commit_transaction(self.timeout_s)
+        except Exception as exc:
+            if is_fenced(exc):
+                self._producer = None
+                raise DriverFenced(
+                    f"another eos driver took over pipeline {self.pipeline} during its reset: its control records stay",
+                    hint="stop that driver, then run eos reset again",
+                ) from None
+            with contextlib.suppress(Exception):
+                instance.abort_transaction(10)
+            raise EnvironmentProblem(
+                f"forgetting pipeline {self.pipeline}'s control records failed: {kafka_error(exc) or exc}",
+                hint="run eos reset again: it forgets what is left",
+            ) from None
 
     def close(self) -> None:
         self._admin = None

@@ -8,13 +8,22 @@ wait on, or miss records behind, someone else's transaction.
 
 Durability: the ledger is what stops a replay from writing an epoch twice, so it is replicated
 like the data it protects: replication min(3, brokers) and `min.insync.replicas` 2 where there
-are three or more brokers. An existing ledger topic is checked: one that is not compacted is
-refused (retention would delete entries and a later replay would duplicate), one with fewer
-replicas than the cluster allows is reported.
+are three or more brokers. An existing ledger topic is checked: one that is not compacted only
+(`cleanup.policy=compact`; `compact,delete` also deletes by retention) is refused: after an
+outage longer than its retention the entries and the decision would be gone and a replay would
+write committed epochs again. One with fewer replicas than the cluster allows is reported.
+
+Forgetting a pipeline (`eos reset`) writes a tombstone for each of its keys, and every reader
+here takes a tombstone as "no entry". The topic itself is never deleted, not even eos's default
+one: a `ledger.topic` may name any topic, so whether other pipelines' entries are in it (or are
+about to be) cannot be known at the moment of a deletion; a pipeline's principal then needs no
+right to delete topics; and a deleted topic is gone only a while later, so the next run could
+race its deletion, where it finds tombstones and starts cleanly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -74,10 +83,12 @@ def ensure_ledger_topic(client: dict[str, Any], topic: str, admin: Any = None) -
             settings = asked_settings.result()
         except UnknownTopic:  # a broker that has not yet learnt of the topic the describe found
             settings, have = _once_visible(admin, topic)
-    if "compact" not in settings.get("cleanup.policy", ""):
+    policy = settings.get("cleanup.policy", "")
+    if {part.strip() for part in policy.split(",")} != {"compact"}:
         raise ConfigError(
-            f"the ledger topic {topic} has cleanup.policy={settings.get('cleanup.policy')}: retention would delete "
-            "ledger entries, and a replay after that would write committed epochs again",
+            f"the ledger topic {topic} has cleanup.policy={policy}: retention would delete ledger entries (after "
+            "an outage longer than it, the entries and the decision), and a replay after that would write committed "
+            "epochs again",
             hint=f"set cleanup.policy=compact on {topic} (kafka-configs --alter), or use another ledger.topic",
         )
     if have.replication < replication:
@@ -157,7 +168,8 @@ def scan(
     client: dict[str, Any], topic: str, ends: dict[int, int], strict: bool = True
 ) -> dict[bytes, tuple[int, bytes]]:
     """The latest committed value of every key below `ends` (partition -> offset), with its
-    offset. strict: stall for longer before giving up (recovery); otherwise report sooner."""
+    offset; a key whose latest record is a tombstone (forget) has none. strict: stall for longer
+    before giving up (recovery); otherwise report sooner."""
     latest: dict[bytes, tuple[int, bytes]] = {}
     reader = range_consumer(client)
     try:
@@ -165,7 +177,11 @@ def scan(
             for batch in read_range(reader, topic, partition, 0, end, stall_timeout_s=120 if strict else 30):
                 for message in batch:
                     key, value = message.key(), message.value()
-                    if key is not None and value is not None:
+                    if key is None:
+                        continue
+                    if value is None:
+                        latest.pop(key, None)
+                    else:
                         latest[key] = (message.offset(), value)
     finally:
         reader.close()
@@ -192,3 +208,48 @@ def entries(latest: dict[bytes, tuple[int, bytes]], pipeline: str, topic: str, s
 def read_ledger(client: dict[str, Any], topic: str, pipeline: str, wait_s: float = 120.0) -> Ledger:
     """The latest committed entry of each (sink, slot) of `pipeline` (call after fencing)."""
     return entries(scan(client, topic, wait_until_stable(client, topic, wait_s)), pipeline, topic)
+
+
+def forget(client: dict[str, Any], topic: str, pipeline: str, wait_s: float = 120.0) -> int:
+    """Tombstones for every key of `pipeline` in `topic` (its ledger entries, of every sink it
+    ever had), and for no other pipeline's; how many. Call after fencing: nothing of this pipeline
+    is open. A topic that does not exist holds nothing to forget."""
+    admin = admin_client(client)
+    try:
+        ends = wait_until_stable(client, topic, wait_s, admin)
+    except UnknownTopic:
+        return 0
+    prefix = f"{pipeline}/".encode()  # a pipeline name has no "/": it is the key's whole first part
+    # Per partition: a tombstone compacts away only the records of its key in its own partition.
+    keys = [
+        (partition, key)
+        for partition, end in ends.items()
+        for key in scan(client, topic, {partition: end})
+        if key.startswith(prefix)
+    ]
+    if keys:
+        tombstones(client, topic, keys)
+    return len(keys)
+
+
+def tombstones(client: dict[str, Any], topic: str, keys: list[tuple[int, bytes]], timeout_s: float = 60.0) -> None:
+    """A tombstone for each (partition, key), durable (acks=all, idempotent) when this returns."""
+    failed: list[str] = []
+
+    def delivered(error: Any, _: Any) -> None:
+        if error is not None:
+            failed.append(str(error))
+
+    instance = producer({**client, "enable.idempotence": True, "acks": "all", "linger.ms": 0})
+    try:
+        for partition, key in keys:
+            instance.produce(topic, None, key, partition=partition, on_delivery=delivered)
+        left = instance.flush(timeout_s)
+    finally:
+        with contextlib.suppress(Exception):
+            instance.close(5)
+    if failed or left:
+        raise EnvironmentProblem(
+            f"forgetting entries in {topic}: {failed[0] if failed else f'{left} tombstones not delivered'}",
+            hint="run eos reset again once Kafka is reachable: it forgets what is left",
+        )

@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
@@ -264,6 +264,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now = False
         self._available_now_target: planning.Offsets | None = None
         self._rounds = 0  # Spark's planning rounds this scan was asked in (eos.protocol.barrier)
+        self._latest_seen: planning.Offsets = {}  # latest offsets a check of taken ends last asked for
 
     @property
     def admin(self) -> Any:
@@ -316,7 +317,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         # The target is taken at this scan's first plan of its own, right after this: a scan that
-        # takes another scan's ends (eos.protocol.barrier) never needs one, nor a Kafka client.
+        # takes another scan's ends (eos.protocol.barrier) never needs one (it checks them against
+        # the log's latest offsets instead).
         self._available_now = True
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
@@ -324,7 +326,45 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._rounds += 1
             if self.options.shared_ends is None:
                 return self._plan(start, limit)
-            return self.options.shared_ends.agree(self._rounds, start, lambda: self._plan(start, limit))
+            return self.options.shared_ends.agree(
+                self._rounds, start, lambda: self._plan(start, limit), lambda ends: self._check_taken(start, ends)
+            )
+
+    def _check_taken(self, start: dict, taken: Any) -> None:
+        """Ends another scan published (eos.protocol.barrier) are read back from a file: they are
+        used only if every partition of the start has one, and start <= end <= the latest offset.
+        The latest offsets are asked for only when an end passes those asked for before (a log
+        only grows; the scan that plans stops at a recreated topic), and of the start's partitions
+        only, in one request (a new partition takes the plan's full look at the topics)."""
+        try:
+            begin, ends = planning.decode(start), planning.decode(taken)
+        except (AttributeError, TypeError, ValueError):
+            self._refuse_taken([f"unreadable: {str(taken)[:100]}"])
+        if any(end > self._latest_seen.get(tp, -1) for tp, end in ends.items()):
+            if begin and set(ends) <= set(begin):
+                partitions: dict[str, list[int]] = {}
+                for topic, partition in begin:
+                    partitions.setdefault(topic, []).append(partition)
+                latest = end_offsets(self.admin, partitions, read_committed=self.options.read_committed)
+                self._latest_seen = {**self._latest_seen, **latest}
+            else:
+                self._latest_seen = self._latest()
+        wrong = [f"{t}/{p} has no end" for t, p in sorted(set(begin) - set(ends))]
+        for (topic, partition), end in sorted(ends.items()):
+            low, high = begin.get((topic, partition), 0), self._latest_seen.get((topic, partition))
+            if high is None or not low <= end <= high:
+                wrong.append(f"{topic}/{partition} ends at {end}, outside [{low}, {high}] (start, latest offset)")
+        if wrong:
+            self._refuse_taken(wrong)
+
+    def _refuse_taken(self, wrong: list[str]) -> NoReturn:
+        where = self.options.shared_ends.folder if self.options.shared_ends else "?"
+        raise SourceFailed(
+            f"source {self.options.name}: the end offsets another scan published for this epoch in {where} cannot be "
+            f"right ({'; '.join(wrong)}); refusing them rather than read records twice or skip them",
+            hint=f"someone else may have written into eos's scratch folder: stop the pipeline, remove {where}, and "
+            "start it again",
+        )
 
     def _plan(self, start: dict, limit: ReadLimit) -> dict:
         begin = planning.decode(start)

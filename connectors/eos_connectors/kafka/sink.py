@@ -223,12 +223,10 @@ class KafkaSink(SinkConnector):
         return {key: entry for key, entry in found.items() if key[0] in names}
 
     def forget(self) -> None:
-        """The ledger topic holds every Kafka sink's entries of this pipeline on this cluster."""
-        admin = admin_client(self.client)
-        if self.pipeline.ledger in admin.list_topics(timeout=10).topics:
-            for future in admin.delete_topics([self.pipeline.ledger], operation_timeout=30).values():
-                with contextlib.suppress(Exception):  # another sink of the cluster deleted it first
-                    future.result()
+        """Tombstones for this pipeline's entries in the ledger topic (of every Kafka sink it has
+        or had on this cluster; a second sink finds them forgotten). The topic stays: other
+        pipelines may share it (eos_connectors.kafka.ledger says why it is never deleted)."""
+        ledger.forget(self.client, self.pipeline.ledger, self.pipeline.name, self.pipeline.epoch_timeout_s)
 
     def discard(self, prepared: list[Prepared]) -> None:
         """Fence these ids: a handle, or, for an id leased to a task that never voted, its number."""

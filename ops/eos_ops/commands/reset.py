@@ -1,10 +1,15 @@
 """`eos reset`: forget a pipeline's progress so it starts over (destructive, explicit).
 
-In this order: refuse while the pipeline's driver answers; take the pipeline over in its control
-log (fencing any driver still writing); run recovery as a restart would (fence every
-transactional id, resolve prepared transactions by the recorded decision), so nothing of the old
-run can linger or commit late; then delete every sink's ledger, the control log, and the
-checkpoint. The next run starts from the configured starting offsets.
+First, before anything is fenced or deleted, the checkpoint's location is checked: eos deletes
+only what Spark and eos wrote there, so a location that could hold anything else (the filesystem's
+root, the home folder, the current folder, the pipeline file's folder or one above them) is
+refused, and so is a folder that holds anything else (eos.protocol.checkpoint). Then, in this
+order: refuse while the pipeline's driver answers; take the pipeline over in its control log
+(fencing any driver still writing); run recovery as a restart would (fence every transactional
+id, resolve prepared transactions by the recorded decision), so nothing of the old run can linger
+or commit late; then forget this pipeline's entries in every sink's ledger and in the control log
+(the topics stay: other pipelines may share them), and delete the checkpoint. The next run starts
+from the configured starting offsets.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     from eos.errors import ConfigError
     from eos.pipeline import connectors, pipeline_info
     from eos.protocol import recovery
-    from eos.protocol.checkpoint import Checkpoint
+    from eos.protocol.checkpoint import DELETABLE, Checkpoint, is_local, unsafe_location
     from eos.protocol.decision import DriverInfo
     from eos.runner import take_over
     from eos.sparksession import build_spark
@@ -29,13 +34,20 @@ def cmd_reset(args: argparse.Namespace) -> int:
     config = load_pipeline(args.pipeline)
     base_dir = Path(args.pipeline).resolve().parent
     location = config.checkpoint_path(base_dir)
+    # A pipeline file does not expand `~` (`checkpoint: ~` is a folder named `~` beside it), but
+    # whoever wrote it meant their home folder: that reading is refused too.
+    for reading in [location] + ([config.checkpoint] if config.checkpoint.startswith("~") else []):
+        if problem := unsafe_location(reading, args.pipeline):
+            raise ConfigError(f"refusing to reset {config.name}: {problem}", hint=DELETABLE)
     if not args.yes:
         raise ConfigError(
-            f"this deletes {location}, the ledger {config.ledger_topic} and the pipeline's control log: the pipeline "
-            "will start over from its starting offsets and write its output again. Add --yes to do it."
+            f"this deletes the checkpoint {location} (what Spark and eos wrote there), {config.name}'s entries in "
+            f"the ledger topic {config.ledger_topic} and its control log: the pipeline will start over from its "
+            "starting offsets and write its output again. Add --yes to do it."
         )
-    spark = None if "://" not in location or location.startswith("file:") else build_spark("eos-reset", "local[1]")
+    spark = None if is_local(location) else build_spark("eos-reset", "local[1]")
     checkpoint = Checkpoint(location, spark)
+    checkpoint.check_deletable(args.pipeline)  # before anything is fenced or deleted
     meta = checkpoint.read_meta() if checkpoint.files.exists("_eos/pipeline.json") else None
     if meta is not None:
         checkpoint.check_owner(meta, config.name)
@@ -55,22 +67,29 @@ def cmd_reset(args: argparse.Namespace) -> int:
             sink.forget()
             print(f"forgot sink {sink.name}'s ledger entries")
         control.reset()
-        print(f"deleted the control log of {config.name}")
+        print(f"forgot {config.name}'s records in its control log")
     finally:
         control.close()
-    checkpoint.delete()
-    print(f"deleted checkpoint {checkpoint.uri}; {config.name} will start over")
+    if checkpoint.delete():
+        print(f"deleted checkpoint {checkpoint.uri}; {config.name} will start over")
+    else:
+        print(
+            f"deleted Spark's and eos's files in {checkpoint.uri} and kept the folder (something else appeared "
+            f"there meanwhile); {config.name} will start over"
+        )
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     reset = sub.add_parser(
         "reset",
-        help="delete a stopped pipeline's checkpoint, ledger and control log so it starts over (needs --yes)",
+        help="forget a stopped pipeline's progress (checkpoint, ledger entries, control records) so it starts over "
+        "(needs --yes)",
         description="Forget a pipeline's progress: fence its transactional ids, resolve its prepared transactions, "
-        "delete its ledger entries, control log and checkpoint. The next run starts from the configured starting "
-        "offsets and writes its output again (downstream readers will see it twice). Refused while the pipeline "
-        "runs.",
+        "forget its ledger entries and control records, and delete its checkpoint (only what Spark and eos wrote "
+        "there). The next run starts from the configured starting offsets and writes its output again (downstream "
+        "readers will see it twice). Refused while the pipeline runs, and for a checkpoint location that holds "
+        "anything else.",
     )
     reset.add_argument("pipeline", type=Path, help="the pipeline YAML file")
     reset.add_argument("--yes", action="store_true", help="really do it")
