@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -73,6 +74,8 @@ from eos_connectors.kafka.config import KafkaSinkEntry
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+log = logging.getLogger("eos.sink")
 
 # Batching for the sink's producers (the raw-loop benchmark baseline uses the same): large
 # batches, a short linger, lz4. A sink's own `config:` overrides any of them.
@@ -219,6 +222,9 @@ class KafkaSink(SinkConnector):
                 if not left[name]:
                     raise cls._unfenceable(name, pools[name], tried[name])
                 sink = left[name].pop(0)
+                if tried[name]:
+                    log.warning("sink %s: %s may not use its transactional ids; trying %s (sink %s)",
+                                name, tried[name][-1], principal(sink.client), sink.name)  # fmt: skip
                 tried[name].append(f"{principal(sink.client)} (sink {sink.name})")
                 work += [(sink.client, txid) for txid in txids]
                 owner.update((txid, name) for txid in txids)
