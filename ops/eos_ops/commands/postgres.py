@@ -70,8 +70,10 @@ def cleanup(path: Path, take_over: bool = False) -> int:
     does: commit the ones the last decision commits, roll back every other one. Refused while the
     pipeline's driver answers (eos.runner.take_over); otherwise this command takes the pipeline
     over (fencing every earlier driver, so none can record a decision behind its back)."""
+    import psycopg
+
     from eos.config import load_pipeline
-    from eos.errors import ConfigError
+    from eos.errors import ConfigError, EnvironmentProblem
     from eos.pipeline import connectors, pipeline_info
     from eos.protocol.checkpoint import Checkpoint
     from eos.protocol.decision import DriverInfo
@@ -111,8 +113,8 @@ def cleanup(path: Path, take_over: bool = False) -> int:
                 continue
             try:
                 done = resolve_prepared(connections, config.name, decision)
-            except Exception as exc:
-                raise ConfigError(f"{system}: resolving failed: {first_line(exc)}") from None
+            except psycopg.Error as exc:  # a StrandedPrepared says itself what to do
+                raise EnvironmentProblem(f"{system}: resolving failed: {first_line(exc)}") from None
             for gid, what in done:
                 age = f" (prepared {before[gid].age_s:.0f} s ago)" if gid in before else ""
                 print(f"{system}: {what} {gid}{age}")
