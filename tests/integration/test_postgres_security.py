@@ -28,7 +28,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from eos.cli import main as eos_main
 from eos.config import load_pipeline
-from eos.errors import EnvironmentProblem, Permanent
+from eos.errors import ConfigError, EnvironmentProblem, Permanent
 from eos.pipeline import connectors, pipeline_info
 from eos.protocol.decision import Decision, DriverInfo
 from eos_connectors.postgres import ids, ledger
@@ -164,7 +164,8 @@ def test_a_prepared_transaction_of_another_role_is_named_with_its_owner_and_who_
     """Prepared as role A, and the pipeline now connects as role B (not a superuser), which
     PostgreSQL does not let finish it. `eos status`, `eos postgres cleanup` and `eos run` must
     each name the transaction, its owner, the database and who may finish it, change nothing,
-    and `eos run` must refuse before any epoch. Connected as A again, cleanup finishes it."""
+    and `eos run` must refuse before any epoch. Connected as A again, cleanup finishes it; then B
+    may take over, and lacking a grant it is told which at start-up."""
     admin_dsn = make_conninfo(session_server(postgres).admin_dsn, dbname="eos")
     table, ledger_table = _name("t"), _name("ledger")
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
@@ -234,6 +235,16 @@ def test_a_prepared_transaction_of_another_role_is_named_with_its_owner_and_who_
             assert eos_main(["postgres", "cleanup", str(path)]) == 0
         assert f"committed {gid}" in out_buffer.getvalue(), out_buffer.getvalue()
         assert table_ids(admin_dsn, table) == {"prepared by the owner": 1}
+
+        # Nothing pending now: the role may change, if the new one has the old one's grants.
+        # One that lacks a grant is refused at start-up, before anything runs, with the GRANT.
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("REVOKE UPDATE ON {} FROM {}").format(sql.Identifier(ledger_table),
+                                                                       sql.Identifier(other)))  # fmt: skip
+        config["sinks"][0]["postgres"]["dsn"] = dsn(other, other_password)
+        with pytest.raises(ConfigError, match=f"the role {other} lacks UPDATE on {ledger_table}") as lacking:
+            run_in_process(spark, write_pipeline(tmp_path, config))
+        assert f"GRANT UPDATE ON {ledger_table} TO {other}" in (lacking.value.hint or "")
     finally:
         for sink in found.sinks:
             sink.close()

@@ -128,6 +128,22 @@ def regclass(conn: psycopg.Connection, qualified: str) -> int | None:
     return row[0] if row and row[0] is not None else None
 
 
+def require_privileges(conn: psycopg.Connection, oid: int, table: str, privileges: list[str], why: str) -> None:
+    """ConfigError unless the connecting role holds `privileges` on the table: found at start-up,
+    not in the first epoch (a role changed in the dsn lacks the grants the old role had)."""
+    rows = conn.execute(
+        "SELECT p FROM unnest(%s::text[]) AS p WHERE NOT has_table_privilege(%s::oid, p)", [privileges, oid]
+    ).fetchall()
+    missing = [row[0] for row in rows]
+    if missing:
+        role = conn.info.user
+        raise ConfigError(
+            f"the role {role} lacks {', '.join(missing)} on {table}, which {why} needs",
+            hint=f"GRANT {', '.join(missing)} ON {table} TO {role} (as the table's owner or a superuser: a table eos "
+            "created belongs to the role it connected as then)",
+        )
+
+
 def table_columns(conn: psycopg.Connection, oid: int) -> dict[str, str]:
     """name -> SQL type of a table's columns, in order."""
     rows = conn.execute(

@@ -62,6 +62,7 @@ from eos_connectors.postgres.db import (
     csv_bytes,
     first_line,
     regclass,
+    require_privileges,
     slot_error,
     sql_type,
     sqlstate,
@@ -262,6 +263,11 @@ class PostgresSink(SinkConnector):
                 "(the setting needs a restart); or use `epochs.mode: at-least-once`",
             )
         ledger.ensure(conn, self.section.ledger_table)
+        oid = regclass(conn, self.section.ledger_table)
+        assert oid is not None
+        require_privileges(
+            conn, oid, self.section.ledger_table, ["SELECT", "INSERT", "UPDATE"], f"sink {self.name}'s ledger"
+        )
 
     # -- rows and writers ----------------------------------------------------------------------
     def rows(self, view: DataFrame) -> DataFrame:
@@ -308,6 +314,9 @@ class PostgresSink(SinkConnector):
             assert oid is not None
         if self.pipeline.exactly_once and regclass(conn, s.ledger_table) == oid:
             raise ConfigError(f"sink {self.name}: the table {s.table} is the ledger table {s.ledger_table}")
+        # COPY needs INSERT; INSERT ... ON CONFLICT DO UPDATE needs SELECT and UPDATE too.
+        privileges = ["INSERT", "SELECT", "UPDATE"] if s.mode == "upsert" else ["INSERT"]
+        require_privileges(conn, oid, s.table, privileges, f"sink {self.name} ({s.mode})")
         existing = table_columns(conn, oid)
         missing = [n for n in names if n not in existing]
         if missing:
@@ -341,7 +350,10 @@ class PostgresSink(SinkConnector):
             sql.SQL("{} integer NOT NULL").format(sql.Identifier(SLOT_COLUMN)),
             sql.SQL("{} bigint NOT NULL").format(sql.Identifier(SEQ_COLUMN)),
         ]
-        if regclass(conn, stage) is None:
+        staged = regclass(conn, stage)
+        if staged is not None:  # made earlier, perhaps by another role
+            require_privileges(conn, staged, stage, ["SELECT", "INSERT", "DELETE"], f"sink {self.name}'s staging")
+        else:
             with contextlib.suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
                 conn.execute(
                     sql.SQL("CREATE UNLOGGED TABLE IF NOT EXISTS {} ({})").format(
