@@ -48,9 +48,10 @@ def cmd_postgres_status(args: argparse.Namespace) -> int:
     if not status.answering:
         print(f"running at {server.host}:{status.port}, pid {status.pid}, NOT answering; log {status.log_file}")
         return 1
+    cluster = f" (cluster {status.cluster})" if status.cluster else ""
     print(
         f"running at {server.host}:{status.port}, pid {status.pid}, PostgreSQL {status.version}, "
-        f"{status.prepared} prepared transactions; data {status.data_dir}; log {status.log_file}"
+        f"{status.prepared} prepared transactions; data {status.data_dir}{cluster}; log {status.log_file}"
     )
     return 0
 
