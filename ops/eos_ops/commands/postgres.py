@@ -1,4 +1,4 @@
-"""`eos postgres start|stop|status|dsn|cleanup`: the local PostgreSQL server, and a pipeline's
+"""`eos postgres start|stop|status|dsn|cleanup|remove`: the local PostgreSQL server, and a pipeline's
 lingering prepared transactions."""
 
 from __future__ import annotations
@@ -53,6 +53,15 @@ def cmd_postgres_status(args: argparse.Namespace) -> int:
         f"running at {server.host}:{status.port}, pid {status.pid}, PostgreSQL {status.version}, "
         f"{status.prepared} prepared transactions; data {status.data_dir}{cluster}; log {status.log_file}"
     )
+    return 0
+
+
+def cmd_postgres_remove(args: argparse.Namespace) -> int:
+    from eos.errors import ConfigError
+
+    if not args.yes:
+        raise ConfigError("`eos postgres remove` deletes the server's databases: add --yes to confirm")
+    _server(args).remove(progress=_say)
     return 0
 
 
@@ -139,7 +148,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Manage the local PostgreSQL server (max_prepared_transactions=64, loopback only, data under "
         "$EOS_HOME), and resolve the prepared transactions a stopped pipeline left in its PostgreSQL sinks.",
     )
-    psub = postgres.add_subparsers(dest="postgres_command", required=True, metavar="{start,stop,status,dsn,cleanup}")
+    commands = "{start,stop,status,dsn,cleanup,remove}"
+    psub = postgres.add_subparsers(dest="postgres_command", required=True, metavar=commands)
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--port", type=int, default=5432, help="TCP port on 127.0.0.1 (5432)")
@@ -158,6 +168,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     status = psub.add_parser("status", help="is the server running and answering? (exit 3 if not running)")
     common(status)
     status.set_defaults(func=cmd_postgres_status)
+
+    remove = psub.add_parser(
+        "remove",
+        help="stop the server and delete its cluster (wherever it is), password and log; nothing else",
+    )
+    common(remove)
+    remove.add_argument("--yes", action="store_true", help="confirm: every database of the server is deleted")
+    remove.set_defaults(func=cmd_postgres_remove)
 
     dsn = psub.add_parser("dsn", help="print the `eos` role's connection string, password included")
     common(dsn)
