@@ -273,10 +273,18 @@ def searchable(folder: Path, account: pwd.struct_passwd) -> Path | None:
 def _own_folder(path: Path, uid: int, mode: int) -> None:
     """Create `path` (uid's, `mode`) unless it exists; refuse one that is not exactly that: a folder
     another local user made in its place must not hold the cluster."""
-    with contextlib.suppress(FileExistsError):
+    try:
         path.mkdir(mode=mode)
         os.chown(path, uid, -1)
         path.chmod(mode)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise EnvironmentProblem(
+            f"cannot create {path} for a PostgreSQL cluster: {exc.strerror}",
+            hint="give the server a data folder that every folder above lets others search (e.g. under /var/tmp), "
+            "or run as a non-root user",
+        ) from None
     info = path.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or stat.S_IMODE(info.st_mode) != mode:
         raise EnvironmentProblem(
