@@ -152,5 +152,5 @@ def run(bench: Bench) -> dict[str, Any]:
                     f"wall {row['wall_s']:.1f}s, {row['cpu_us_per_record']:,.0f} µs CPU per input record)"
                 )
     finally:
-        server.stop()
+        server.remove()  # as root its cluster may be outside the work folder (eos_ops.localpg)
     return {"input": source.__dict__, "epoch_records": plan.epoch_records, "runs": runs}

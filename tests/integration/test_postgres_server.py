@@ -28,7 +28,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPostgres]:
     try:
         yield pg
     finally:
-        pg.stop()
+        pg.remove()  # as root its cluster may live outside the temporary folder (eos_ops.localpg)
 
 
 @pytest.fixture
@@ -195,6 +195,9 @@ def test_support_starts_a_server_and_closes_it(tmp_path: Path) -> None:
 
 def test_a_server_that_cannot_start_says_why(tmp_path: Path) -> None:
     pg = LocalPostgres(port=free_port(), data_dir=tmp_path / "pg", settings={"shared_buffers": "lots"})
-    with pytest.raises(EnvironmentProblem, match=r"exited with code \d+ during start-up(.|\n)*shared_buffers"):
-        pg.start()
-    assert pg.pid() is None
+    try:
+        with pytest.raises(EnvironmentProblem, match=r"exited with code \d+ during start-up(.|\n)*shared_buffers"):
+            pg.start()
+        assert pg.pid() is None
+    finally:
+        pg.remove()

@@ -215,7 +215,7 @@ def no_prepare_server(tmp_path_factory: pytest.TempPathFactory):
     try:
         yield server
     finally:
-        server.stop(progress=print)
+        server.remove(progress=print)
 
 
 def test_max_prepared_transactions_zero_is_a_clear_error_and_at_least_once_still_works(

@@ -97,7 +97,7 @@ def test_status_while_running_and_stopped_matches_checkpoint_control_log_ledger_
     assert control["decision"]["transactions"] == {"out": len(last)}
     pools = control["pools"]
     assert set(pools) == {"out"} and pools["out"]["kind"] == "kafka" and pools["out"]["size"] >= len(last)
-    assert report["lingering"] == [{"sink": "out", "open": []}]
+    assert report["lingering"] == [{"sink": "out", "kind": "kafka", "open": []}]
     txns = report["transactions"]
     if tools_classpath() is not None:
         assert txns["available"] and txns["open"] == [], txns
@@ -177,7 +177,7 @@ def test_status_finds_a_lingering_transaction_after_kill_and_fences_only_when_as
     assert "FENCING every transactional id" in fenced.output
     data = json_of(fenced.output)
     assert data["fence"]["error"] is None and data["fence"]["fenced_ids"] == data["control"]["pools"]["out"]["size"]
-    assert data["lingering"] == [{"sink": "out", "open": []}] and data["ledger"][0]["open"] == []
+    assert data["lingering"] == [{"sink": "out", "kind": "kafka", "open": []}] and data["ledger"][0]["open"] == []
     after = gather(config, path.parent)
     assert after["lingering"][0]["open"] == [] and after["ledger"][0]["open"] == []
     if tools_classpath() is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from typing import Any
 
 import psycopg
@@ -70,7 +71,21 @@ def connect(dsn: str, role: str) -> psycopg.Connection:
 
 def unreachable(exc: SlotAborted) -> EnvironmentProblem:
     """At start-up, a server that does not answer is the user's to fix, not a retry's."""
-    return EnvironmentProblem(exc.message, hint="is the server running, and does the sink's dsn name it?")
+    text = exc.message
+    if re.search(r"SSL|certificate|TLS", text):
+        hint = (
+            "the TLS connection failed: with sslmode=verify-ca or verify-full the server's certificate must be signed "
+            "by a CA in the dsn's sslrootcert (a PEM file the driver and every executor can read), and with "
+            "verify-full it must also name the dsn's host (see docs/POSTGRES.md, TLS)"
+        )
+    elif "password authentication failed" in text or "no pg_hba.conf entry" in text:
+        hint = (
+            "the server refused the dsn's role or password: after a password change, give the pipeline the new one "
+            "(the ${VAR} its dsn names); prepared transactions belong to the role, not the password"
+        )
+    else:
+        hint = "is the server running, and does the sink's dsn name it?"
+    return EnvironmentProblem(text, hint=hint)
 
 
 def sqlstate(exc: BaseException) -> str:
@@ -111,6 +126,22 @@ def regclass(conn: psycopg.Connection, qualified: str) -> int | None:
     text = table_name(qualified).as_string(conn)
     row = conn.execute("SELECT to_regclass(%s)::oid", [text]).fetchone()
     return row[0] if row and row[0] is not None else None
+
+
+def require_privileges(conn: psycopg.Connection, oid: int, table: str, privileges: list[str], why: str) -> None:
+    """ConfigError unless the connecting role holds `privileges` on the table: found at start-up,
+    not in the first epoch (a role changed in the dsn lacks the grants the old role had)."""
+    rows = conn.execute(
+        "SELECT p FROM unnest(%s::text[]) AS p WHERE NOT has_table_privilege(%s::oid, p)", [privileges, oid]
+    ).fetchall()
+    missing = [row[0] for row in rows]
+    if missing:
+        role = conn.info.user
+        raise ConfigError(
+            f"the role {role} lacks {', '.join(missing)} on {table}, which {why} needs",
+            hint=f"GRANT {', '.join(missing)} ON {table} TO {role} (as the table's owner or a superuser: a table eos "
+            "created belongs to the role it connected as then)",
+        )
 
 
 def table_columns(conn: psycopg.Connection, oid: int) -> dict[str, str]:

@@ -44,6 +44,7 @@ from eos.api import (
     Decision,
     Ledger,
     LedgerEntry,
+    Permanent,
     PipelineInfo,
     Prepared,
     Recovery,
@@ -61,6 +62,7 @@ from eos_connectors.postgres.db import (
     csv_bytes,
     first_line,
     regclass,
+    require_privileges,
     slot_error,
     sql_type,
     sqlstate,
@@ -83,8 +85,13 @@ SEQ_COLUMN = "_eos_seq"
 @dataclass(frozen=True)
 class PreparedXact:
     gid: str
-    owner: str
+    owner: str | None  # the role that prepared it (None: that role was dropped since)
     age_s: float
+
+    def finishers(self) -> str:
+        """Who PostgreSQL lets COMMIT or ROLLBACK PREPARED it: the role that prepared it, or a
+        superuser (role membership is not enough)."""
+        return f"only {self.owner} or a superuser" if self.owner else "only a superuser (its role no longer exists)"
 
 
 def prepared_xacts(conn: psycopg.Connection, pipeline: str) -> list[PreparedXact]:
@@ -115,18 +122,57 @@ def decided(decision: Decision | None, gid: str) -> bool:
     return decision is not None and any(decision.commits(sink, gid) for sink in decision.prepared)
 
 
+def finisher(connections: dict[str, psycopg.Connection], owner: str | None) -> psycopg.Connection | None:
+    """A connection that may finish a prepared transaction of `owner`: one as that role, else a
+    superuser's; None when there is neither."""
+    if owner in connections:
+        return connections[owner]
+    return next((c for c in connections.values() if c.info.parameter_status("is_superuser") == "on"), None)
+
+
+class StrandedPrepared(Permanent):
+    """Prepared transactions of the pipeline that none of its connections may finish."""
+
+
+def stranded_error(
+    stranded: list[PreparedXact], connections: dict[str, psycopg.Connection], pipeline: str, decision: Decision | None
+) -> StrandedPrepared:
+    conn = next(iter(connections.values()))
+    database = f"database {conn.info.dbname} at {conn.info.host}:{conn.info.port}"
+    lines = [
+        f"  {x.gid}: prepared {x.age_s:.0f} s ago by role {x.owner or '(dropped)'} in {database}: {x.finishers()} "
+        f"may finish it; the recorded decision says {'COMMIT' if decided(decision, x.gid) else 'ROLLBACK'} "
+        f"PREPARED '{x.gid}'"
+        for x in stranded
+    ]
+    owners = sorted({x.owner for x in stranded if x.owner})
+    return StrandedPrepared(
+        f"pipeline {pipeline}: {len(stranded)} of its prepared transactions cannot be resolved: the pipeline connects "
+        f"as {', '.join(sorted(connections))}, which is not the role that prepared them nor a superuser, and "
+        "PostgreSQL lets no one else COMMIT or ROLLBACK PREPARED them. Until they are resolved they hold their locks "
+        "(the next epoch's slots would fail on them) and keep VACUUM from removing old rows. Nothing was changed.\n"
+        + "\n".join(lines),
+        hint=(f"give the sink's dsn the role {' or '.join(owners)} again until one start (or `eos postgres cleanup`) "
+              "has resolved them, or have " + (f"{' or '.join(owners)} or " if owners else "")
+              + "a superuser run the statements above in that database; then change the role"),
+    )  # fmt: skip
+
+
 def resolve_prepared(
     connections: dict[str, psycopg.Connection], pipeline: str, decision: Decision | None
 ) -> list[tuple[str, str]]:
     """Commit the pipeline's prepared transactions that `decision` commits, roll back every other
-    one; `connections` by role (a transaction is finished by the role that prepared it when one
-    is at hand). Returns (gid, "committed" | "rolled back" | "gone") in order."""
-    first = next(iter(connections.values()))
+    one; `connections` by role: each transaction is finished as the role that prepared it, or as a
+    superuser. If any can be finished by none of them, nothing is done (StrandedPrepared).
+    Returns (gid, "committed" | "rolled back" | "gone") in order."""
+    xacts = prepared_xacts(next(iter(connections.values())), pipeline)
+    stranded = [x for x in xacts if finisher(connections, x.owner) is None]
+    if stranded:
+        raise stranded_error(stranded, connections, pipeline, decision)
     done = []
-    for xact in prepared_xacts(first, pipeline):
+    for xact in xacts:
         commit = decided(decision, xact.gid)
-        conn = connections.get(xact.owner, first)
-        found = finish(conn, xact.gid, commit)
+        found = finish(finisher(connections, xact.owner), xact.gid, commit)  # type: ignore[arg-type]
         done.append((xact.gid, ("committed" if commit else "rolled back") if found else "gone"))
     return done
 
@@ -217,6 +263,11 @@ class PostgresSink(SinkConnector):
                 "(the setting needs a restart); or use `epochs.mode: at-least-once`",
             )
         ledger.ensure(conn, self.section.ledger_table)
+        oid = regclass(conn, self.section.ledger_table)
+        assert oid is not None
+        require_privileges(
+            conn, oid, self.section.ledger_table, ["SELECT", "INSERT", "UPDATE"], f"sink {self.name}'s ledger"
+        )
 
     # -- rows and writers ----------------------------------------------------------------------
     def rows(self, view: DataFrame) -> DataFrame:
@@ -263,6 +314,9 @@ class PostgresSink(SinkConnector):
             assert oid is not None
         if self.pipeline.exactly_once and regclass(conn, s.ledger_table) == oid:
             raise ConfigError(f"sink {self.name}: the table {s.table} is the ledger table {s.ledger_table}")
+        # COPY needs INSERT; INSERT ... ON CONFLICT DO UPDATE needs SELECT and UPDATE too.
+        privileges = ["INSERT", "SELECT", "UPDATE"] if s.mode == "upsert" else ["INSERT"]
+        require_privileges(conn, oid, s.table, privileges, f"sink {self.name} ({s.mode})")
         existing = table_columns(conn, oid)
         missing = [n for n in names if n not in existing]
         if missing:
@@ -296,7 +350,10 @@ class PostgresSink(SinkConnector):
             sql.SQL("{} integer NOT NULL").format(sql.Identifier(SLOT_COLUMN)),
             sql.SQL("{} bigint NOT NULL").format(sql.Identifier(SEQ_COLUMN)),
         ]
-        if regclass(conn, stage) is None:
+        staged = regclass(conn, stage)
+        if staged is not None:  # made earlier, perhaps by another role
+            require_privileges(conn, staged, stage, ["SELECT", "INSERT", "DELETE"], f"sink {self.name}'s staging")
+        else:
             with contextlib.suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
                 conn.execute(
                     sql.SQL("CREATE UNLOGGED TABLE IF NOT EXISTS {} ({})").format(
@@ -406,12 +463,22 @@ class PostgresSink(SinkConnector):
         return found
 
     def lingering(self) -> list[str]:
-        """This pipeline's prepared transactions in this sink's database, with their age: each
-        holds its locks and keeps VACUUM from removing rows older than itself until resolved."""
-        return [
-            f"{x.gid}: prepared {x.age_s:.0f} s ago by {x.owner} ({self.system()})"
-            for x in prepared_xacts(self.connection(), self.pipeline.name)
-        ]
+        """This pipeline's prepared transactions in this sink's database, with their age and owner:
+        each holds its locks and keeps VACUUM from removing rows older than itself until resolved.
+        One this sink's role may not finish is marked STRANDED, with who may."""
+        conn = self.connection()
+        me = conn.info.user
+        found = []
+        for x in prepared_xacts(conn, self.pipeline.name):
+            line = f"{x.gid}: prepared {x.age_s:.0f} s ago by role {x.owner} in database {conn.info.dbname}"
+            line += f" ({self.system()})"
+            if finisher({me: conn}, x.owner) is None:
+                line += (
+                    f"; STRANDED: this sink connects as {me}, which may not finish it: {x.finishers()} may "
+                    "(`eos postgres cleanup` says whether to COMMIT or ROLLBACK PREPARED it)"
+                )
+            found.append(line)
+        return found
 
 
 def _backquote(name: str) -> str:
@@ -641,4 +708,6 @@ class PostgresWriter(SlotWriter):
         return self.written
 
 
-__all__ = ["PostgresSink", "PostgresWriter", "PostgresWriterFactory", "prepared_xacts", "resolve_prepared"]
+__all__ = [
+    "PostgresSink", "PostgresWriter", "PostgresWriterFactory", "StrandedPrepared", "prepared_xacts", "resolve_prepared",
+]  # fmt: skip

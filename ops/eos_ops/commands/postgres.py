@@ -1,4 +1,4 @@
-"""`eos postgres start|stop|status|dsn|cleanup`: the local PostgreSQL server, and a pipeline's
+"""`eos postgres start|stop|status|dsn|cleanup|remove`: the local PostgreSQL server, and a pipeline's
 lingering prepared transactions."""
 
 from __future__ import annotations
@@ -48,10 +48,20 @@ def cmd_postgres_status(args: argparse.Namespace) -> int:
     if not status.answering:
         print(f"running at {server.host}:{status.port}, pid {status.pid}, NOT answering; log {status.log_file}")
         return 1
+    cluster = f" (cluster {status.cluster})" if status.cluster else ""
     print(
         f"running at {server.host}:{status.port}, pid {status.pid}, PostgreSQL {status.version}, "
-        f"{status.prepared} prepared transactions; data {status.data_dir}; log {status.log_file}"
+        f"{status.prepared} prepared transactions; data {status.data_dir}{cluster}; log {status.log_file}"
     )
+    return 0
+
+
+def cmd_postgres_remove(args: argparse.Namespace) -> int:
+    from eos.errors import ConfigError
+
+    if not args.yes:
+        raise ConfigError("`eos postgres remove` deletes the server's databases: add --yes to confirm")
+    _server(args).remove(progress=_say)
     return 0
 
 
@@ -70,8 +80,10 @@ def cleanup(path: Path, take_over: bool = False) -> int:
     does: commit the ones the last decision commits, roll back every other one. Refused while the
     pipeline's driver answers (eos.runner.take_over); otherwise this command takes the pipeline
     over (fencing every earlier driver, so none can record a decision behind its back)."""
+    import psycopg
+
     from eos.config import load_pipeline
-    from eos.errors import ConfigError
+    from eos.errors import ConfigError, EnvironmentProblem
     from eos.pipeline import connectors, pipeline_info
     from eos.protocol.checkpoint import Checkpoint
     from eos.protocol.decision import DriverInfo
@@ -111,8 +123,8 @@ def cleanup(path: Path, take_over: bool = False) -> int:
                 continue
             try:
                 done = resolve_prepared(connections, config.name, decision)
-            except Exception as exc:
-                raise ConfigError(f"{system}: resolving failed: {first_line(exc)}") from None
+            except psycopg.Error as exc:  # a StrandedPrepared says itself what to do
+                raise EnvironmentProblem(f"{system}: resolving failed: {first_line(exc)}") from None
             for gid, what in done:
                 age = f" (prepared {before[gid].age_s:.0f} s ago)" if gid in before else ""
                 print(f"{system}: {what} {gid}{age}")
@@ -136,7 +148,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Manage the local PostgreSQL server (max_prepared_transactions=64, loopback only, data under "
         "$EOS_HOME), and resolve the prepared transactions a stopped pipeline left in its PostgreSQL sinks.",
     )
-    psub = postgres.add_subparsers(dest="postgres_command", required=True, metavar="{start,stop,status,dsn,cleanup}")
+    commands = "{start,stop,status,dsn,cleanup,remove}"
+    psub = postgres.add_subparsers(dest="postgres_command", required=True, metavar=commands)
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--port", type=int, default=5432, help="TCP port on 127.0.0.1 (5432)")
@@ -155,6 +168,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     status = psub.add_parser("status", help="is the server running and answering? (exit 3 if not running)")
     common(status)
     status.set_defaults(func=cmd_postgres_status)
+
+    remove = psub.add_parser(
+        "remove",
+        help="stop the server and delete its cluster (wherever it is), password and log; nothing else",
+    )
+    common(remove)
+    remove.add_argument("--yes", action="store_true", help="confirm: every database of the server is deleted")
+    remove.set_defaults(func=cmd_postgres_remove)
 
     dsn = psub.add_parser("dsn", help="print the `eos` role's connection string, password included")
     common(dsn)
