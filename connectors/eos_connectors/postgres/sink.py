@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import sys
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -291,6 +292,13 @@ class PostgresSink(SinkConnector):
                     f"sink {self.name}: column {name!r} is longer than PostgreSQL's 63 bytes",
                     hint="name the columns with `columns:` (name: SQL expression)",
                 )
+        if s.mode == "upsert" and set(s.key or []) - set(names):
+            absent = [k for k in s.key or [] if k not in names]
+            raise ConfigError(
+                f"sink {self.name}: upsert key {', '.join(repr(k) for k in absent)} is not a column of the sink's rows "
+                f"({', '.join(names)})",
+                hint="select it in the sink's input (for a window: `window.start AS window_start`), or change `key:`",
+            )
         conn = self.connection()
         oid = regclass(conn, s.table)
         if oid is None:
@@ -309,7 +317,9 @@ class PostgresSink(SinkConnector):
                     table_name(s.table), sql.SQL(", ").join(definitions)
                 )
             )
-            log.warning("sink %s: created table %s at %s", self.name, s.table, where(s.dsn))
+            # A normal event of a first start, not a warning: said once, on stderr.
+            log.info("sink %s: created table %s at %s", self.name, s.table, where(s.dsn))
+            print(f"eos: sink {self.name}: created table {s.table}", file=sys.stderr, flush=True)
             oid = regclass(conn, s.table)
             assert oid is not None
         if self.pipeline.exactly_once and regclass(conn, s.ledger_table) == oid:
