@@ -294,8 +294,7 @@ def decode_batch(codec: AvroCodec, column: pa.Array, poison_ids: frozenset[int] 
         assert where is not None
         location = where.location
         raise UnknownSchemaIds(
-            f"{codec.which}: schema registry {location} definitively has no Avro schema for "
-            + "; ".join(f"schema id {schema_id} ({answer})" for schema_id, answer in unknown.items()),
+            f"{codec.which}: schema registry {location} has no Avro schema for an id: " + "; ".join(unknown.values()),
             decisions=[poison_decision(location, schema_id) for schema_id in unknown],
             first=first_unknown,
         )
