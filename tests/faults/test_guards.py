@@ -370,7 +370,7 @@ def test_a_schema_id_the_registry_lacks_stops_under_fail_and_is_dead_lettered_on
     )
     config["transforms"] = [{"name": "ids", "sql": "SELECT CAST(_key AS STRING) AS key, id AS value FROM events"}]
     config["sinks"][0]["input"] = "ids"
-    with pytest.raises(PoisonRecord, match="schema id 2 ") as stopped:
+    with pytest.raises(PoisonRecord, match=r"schema id 2: no 2\.avsc") as stopped:
         run_in_process(spark, write_pipeline(tmp_path, config))
     assert "offset 225:" in stopped.value.message  # the first record with id 2 (i = 450 or 451)
     assert "on_error: dlq" in (stopped.value.hint or "")

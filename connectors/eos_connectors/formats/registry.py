@@ -213,7 +213,7 @@ class FileRegistry:
         except FileNotFoundError:
             if not self.folder.is_dir():
                 raise RegistryUnavailable(f"schema registry folder {self.folder} does not exist") from None
-            raise UnknownSchemaId(f"no {path.name} in {self.folder}") from None
+            raise UnknownSchemaId(f"schema id {schema_id}: no {path.name} in {self.folder}") from None
         except (OSError, json.JSONDecodeError) as exc:
             raise RegistryUnavailable(f"schema registry folder {self.folder}: cannot read {path.name}: {exc}") from None
 
