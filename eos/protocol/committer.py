@@ -246,8 +246,9 @@ class EpochCommitter:
     def _record_poison(self, epoch: int, asked: PoisonDecision) -> bool:
         """Record the poison decisions a task asked for, durably, before the next attempt
         (eos.protocol.poison). True if any is new. Refused for an epoch whose commit decision is
-        recorded: that epoch's committed part routed those records otherwise, so a new answer now
-        (a registry that forgot a schema it served) would split them between two routes."""
+        recorded: its committed part read those records without the decision, so routing them by
+        it now would split the epoch between two routes (the source's answer changed since: for
+        a registry, a schema it served is gone)."""
         if self.meta is None:
             return False
         new = set(asked.decisions) - set(self.meta.poison.get(asked.source, ()))
@@ -256,9 +257,9 @@ class EpochCommitter:
         if self.decision is not None and self.decision.epoch == epoch:
             raise SourceFailed(
                 f"{asked.message}; but epoch {epoch} is already partly committed, and it read those records "
-                "without this answer: routing them as poison now would split the epoch between two routes",
-                hint="the registry no longer knows a schema it served for this epoch (deleted, or a replica that "
-                "lags): restore it, then start the pipeline again",
+                "without this decision: routing them as poison now would split the epoch between two routes",
+                hint="what the source's answer rests on changed after the epoch was decided (see above): restore "
+                "it, then start the pipeline again",
             )
         poison.add(self.meta.poison, asked.source, sorted(new))
         self.checkpoint.write_meta(self.meta)

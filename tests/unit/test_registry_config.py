@@ -9,7 +9,7 @@ import json
 import pytest
 
 from eos.config import parse_pipeline, redacted
-from eos.errors import ConfigError, PoisonDecision, from_spark, to_wire
+from eos.errors import ConfigError
 from eos.pipeline import connectors, pipeline_info, replay_config
 from eos.protocol.plan import digest
 from eos.runner import describe_plan
@@ -91,10 +91,3 @@ def test_registry_options_that_do_not_fit_together(registry, problem):
     with pytest.raises(ConfigError, match=problem) as raised:
         pipeline(registry)
     assert OLD not in str(raised.value) and TOKEN not in str(raised.value)
-
-
-def test_a_poison_decision_crosses_the_task_boundary_with_its_decisions():
-    asked = PoisonDecision("source users: schema id 7 ...", source="users", decisions=["https://reg#7"])
-    rebuilt = from_spark(RuntimeError(f"Task failed: {to_wire(asked)} (and Spark's own words)"))
-    assert isinstance(rebuilt, PoisonDecision)
-    assert (rebuilt.source, rebuilt.decisions, rebuilt.message) == ("users", ["https://reg#7"], asked.message)
