@@ -336,6 +336,7 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
             failpoints=failpoints,
             listeners=listeners,
             run=run_id,
+            meta=meta,  # records the sources' poison decisions (eos.protocol.poison)
         )
         if coordinator is not None:
             coordinator.on_grow = committer.grow
