@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (re-exports: 
         EnvironmentProblem,
         EosError,
         Permanent,
+        PoisonDecision,
         PoisonRecord,
         Retriable,
         SlotAborted,
@@ -37,6 +38,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (re-exports: 
     from eos.protocol.barrier import SharedEnds
     from eos.protocol.decision import ControlLog, ControlState, Decision, DriverInfo, Pool, decode, encode
     from eos.protocol.ledger import Ledger, LedgerEntry
+    from eos.protocol.poison import recorded as recorded_poison
     from eos.protocol.sink import (
         Lease,
         PipelineInfo,
@@ -66,7 +68,8 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (re-exports: 
 _MODULES = {
     "eos.errors": (
         "CheckpointError", "ConfigError", "DependencyUnavailable", "DriverFenced", "EnvironmentProblem", "EosError",
-        "Permanent", "PoisonRecord", "Retriable", "SlotAborted", "SourceFailed", "crossing", "to_wire",
+        "Permanent", "PoisonDecision", "PoisonRecord", "Retriable", "SlotAborted", "SourceFailed", "crossing",
+        "to_wire",
     ),
     "eos.failpoints": ("Failpoints",),
     "eos.model": (
@@ -87,7 +90,10 @@ _MODULES = {
     "eos.registry": ("Connector",),
 }
 # fmt: on
-_RENAMED = {"parse_failpoints": ("eos.failpoints", "parse")}
+_RENAMED = {
+    "parse_failpoints": ("eos.failpoints", "parse"),
+    "recorded_poison": ("eos.protocol.poison", "recorded"),
+}
 _WHERE = {name: (module, name) for module, names in _MODULES.items() for name in names} | _RENAMED
 
 __all__ = sorted(_WHERE)

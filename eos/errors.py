@@ -43,6 +43,7 @@ class EosError(Exception):
     """
 
     exit_code = 1
+    wire_fields: tuple[str, ...] = ()  # attributes that cross the task boundary with the message
 
     def __init__(self, message: str, hint: str | None = None):
         super().__init__(message)
@@ -110,6 +111,20 @@ class DependencyUnavailable(Retriable):
     attempt fails rather than let an outage decide where a record goes."""
 
 
+class PoisonDecision(Retriable):
+    """A read task met records that only a recorded decision may route as poison (a schema id
+    the registry definitively does not know). The driver records `decisions` for `source` in the
+    checkpoint before the next attempt, which routes by them (eos.protocol.poison). They are the
+    source's own strings: the core stores and hands them back, never reads them."""
+
+    wire_fields = ("source", "decisions")
+
+    def __init__(self, message: str, hint: str | None = None, source: str = "", decisions: list[str] | None = None):
+        super().__init__(message, hint)
+        self.source = source
+        self.decisions = list(decisions or [])
+
+
 # ---------------------------------------------------------------------------------------------
 # Crossing the Spark task boundary
 # ---------------------------------------------------------------------------------------------
@@ -120,14 +135,15 @@ _TYPES: dict[str, type[EosError]] = {
     cls.__name__: cls
     for cls in (
         EosError, ConfigError, EnvironmentProblem, CheckpointError, EpochFailed, Retriable, Permanent, PoisonRecord,
-        SourceFailed, DriverFenced, SlotAborted, DependencyUnavailable,
+        SourceFailed, DriverFenced, SlotAborted, DependencyUnavailable, PoisonDecision,
     )
 }  # fmt: skip
 
 
 def to_wire(error: EosError) -> str:
     """One line that survives Spark's re-wrapping and names the error's type."""
-    body = json.dumps({"type": type(error).__name__, "message": error.message, "hint": error.hint})
+    fields = {name: getattr(error, name) for name in error.wire_fields}
+    body = json.dumps({"type": type(error).__name__, "message": error.message, "hint": error.hint, **fields})
     return f"{_ENVELOPE}{body}{_ENVELOPE}"
 
 
@@ -156,7 +172,8 @@ def from_spark(error: BaseException) -> EosError | None:
         except json.JSONDecodeError:  # a quoted copy (escaped inside a plan string): try the next
             continue
         cls = _TYPES.get(data.get("type"), EosError)
-        return cls(data.get("message", ""), data.get("hint"))
+        fields = {name: data[name] for name in cls.wire_fields if name in data}
+        return cls(data.get("message", ""), data.get("hint"), **fields)
     return None
 
 

@@ -111,6 +111,7 @@ def launch(pipeline: Pipeline, options: StartOptions) -> EosQuery:
             failpoints=pipeline.failpoints,
             listeners=listeners,
             run=pipeline.run_id,
+            meta=meta,
         )
         if coordinator is not None:
             coordinator.on_grow = committer.grow

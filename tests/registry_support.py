@@ -6,21 +6,37 @@ Apicurio Registry publishes its Quarkus application on Maven Central as
 `/apis/ccompat/v7`, which is what confluent-kafka's SchemaRegistryClient speaks. Like the Kafka
 fixture, it is resolved once with Maven into $EOS_HOME/apicurio/<version>, started on a free
 loopback port with in-memory storage, and stopped when the session ends. No stand-in is used.
+
+Apicurio Registry authenticates clients only through an OIDC server. To test eos's client
+against a registry that demands credentials over TLS, `SecuredRegistry` puts a small reverse
+proxy in front of it: a real HTTPS server (certificate from a CA made by the test, with the
+`cryptography` package) that refuses requests without the right basic-auth password or bearer
+token, and can play an outage (503) on demand. eos's client is what is under test; the proxy
+only forwards.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import datetime
+import http.client
+import http.server
+import ipaddress
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import tarfile
 import tempfile
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from eos.errors import EnvironmentProblem
 from eos.paths import eos_home
@@ -112,3 +128,150 @@ def running_apicurio(workdir: Path, timeout_s: float = 120) -> Iterator[RunningR
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
+
+
+# ---------------------------------------------------------------------------------------------
+# TLS and credentials in front of the registry
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TestCA:
+    ca_file: Path  # PEM: what a client trusts
+    cert_file: Path  # PEM: the server's certificate for 127.0.0.1 and localhost, signed by the CA
+    key_file: Path
+
+
+def make_ca(folder: Path) -> TestCA:
+    """A CA and a server certificate signed by it, made now (valid for a day)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def name(text: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text)])
+
+    def certificate(subject: str, key, issuer: str, issuer_key, ca: bool, sans: list | None = None):
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(name(subject))
+            .issuer_name(name(issuer))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = certificate("eos test CA", ca_key, "eos test CA", ca_key, ca=True)
+    sans = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    server = certificate("127.0.0.1", server_key, "eos test CA", ca_key, ca=False, sans=sans)
+    folder.mkdir(parents=True, exist_ok=True)
+    tls = TestCA(folder / "ca.pem", folder / "server.pem", folder / "server-key.pem")
+    tls.ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    tls.cert_file.write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    tls.key_file.write_bytes(
+        server_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return tls
+
+
+@dataclass
+class SecuredRegistry:
+    """An HTTPS proxy in front of a registry that lets in only the current credentials."""
+
+    upstream: str  # the registry's base URL (http://host:port/apis/ccompat/v7)
+    tls: TestCA
+    users: dict[str, str] = field(default_factory=dict)  # username -> password (change to rotate)
+    tokens: set[str] = field(default_factory=set)  # bearer tokens let in
+    outage: int = 0  # answer this many more schema-by-id lookups with 503 (a registry outage)
+    answered: Counter = field(default_factory=Counter)  # HTTP status -> how many were sent
+    asked: Counter = field(default_factory=Counter)  # request path -> how many were let in
+    url: str = ""  # https://127.0.0.1:<port>/apis/ccompat/v7, as pipelines write it
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def allowed(self, header: str | None) -> bool:
+        if not header:
+            return False
+        kind, _, value = header.partition(" ")
+        if kind == "Bearer":
+            return value in self.tokens
+        if kind == "Basic":
+            user, _, password = base64.b64decode(value).decode().partition(":")
+            return self.users.get(user) == password
+        return False
+
+    def take_outage(self, path: str) -> bool:
+        with self._lock:
+            if self.outage > 0 and "/schemas/ids/" in path:
+                self.outage -= 1
+                return True
+            return False
+
+
+def _proxy_handler(registry: SecuredRegistry) -> type[http.server.BaseHTTPRequestHandler]:
+    upstream = urlsplit(registry.upstream)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:  # quiet
+            pass
+
+        def _answer(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+            registry.answered[status] += 1
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _forward(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if not registry.allowed(self.headers.get("Authorization")):
+                self._answer(401, b'{"error_code": 401, "message": "Unauthorized"}')
+                return
+            if registry.take_outage(self.path):
+                self._answer(503, b'{"error_code": 50301, "message": "Service Unavailable (test outage)"}')
+                return
+            registry.asked[self.path] += 1
+            connection = http.client.HTTPConnection(upstream.hostname, upstream.port, timeout=30)
+            try:
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("authorization", "host")}
+                connection.request(self.command, self.path, body or None, headers)
+                response = connection.getresponse()
+                self._answer(response.status, response.read(), response.getheader("Content-Type") or "")
+            finally:
+                connection.close()
+
+        do_GET = do_POST = do_PUT = do_DELETE = _forward
+
+    return Handler
+
+
+@contextlib.contextmanager
+def secured(upstream: str, tls: TestCA) -> Iterator[SecuredRegistry]:
+    """An HTTPS, credential-checking proxy in front of `upstream`, on a free loopback port."""
+    registry = SecuredRegistry(upstream, tls)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _proxy_handler(registry))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls.cert_file, tls.key_file)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.daemon_threads = True
+    registry.url = f"https://127.0.0.1:{server.server_address[1]}{urlsplit(upstream).path}"
+    thread = threading.Thread(target=server.serve_forever, name="registry-proxy", daemon=True)
+    thread.start()
+    try:
+        yield registry
+    finally:
+        server.shutdown()
+        server.server_close()

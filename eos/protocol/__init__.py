@@ -17,6 +17,8 @@ One epoch (a Spark micro-batch) goes through these steps; each file here is one 
   recovery.py     before the first epoch and after a failed attempt: fence, resolve, read the
                   ledgers, check them against the checkpoint
   checkpoint.py   Spark's logs and eos's metadata, on any Hadoop FileSystem
+  poison.py       poison decisions a source asked for (a schema id no registry knows): recorded
+                  in the checkpoint before any attempt routes by them, the same in every replay
   report.py       what slots report to the driver, and the driver to its listeners
 
 docs/EXACTLY_ONCE.md states the invariants these steps keep and why.

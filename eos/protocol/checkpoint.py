@@ -13,7 +13,8 @@ every ledger entry), the mode, and each source's pin (resolved starting position
 identity); and, for as long as an epoch is pending, the *replay config*: everything that decides
 what a replay writes (sources, transforms, sinks, formats, slots). A start with a different
 replay config while an epoch is pending is refused (a replay must repeat what was planned);
-with nothing pending it is recorded as the new replay config.
+with nothing pending it is recorded as the new replay config. It also keeps the poison decisions
+recorded for the sources (eos.protocol.poison), which every later attempt routes by.
 
 The metadata is private: `_eos` is a 0700 folder and `pipeline.json` a 0600 file (through Hadoop,
 the same permissions where the filesystem has them; an object store has none). Spark's own files
@@ -289,6 +290,9 @@ class CheckpointMeta:
     sources: dict[str, dict[str, Any]]  # source name -> its pin
     replay: dict[str, Any]  # the replay config the pending (or next) epoch was planned with
     replay_digest: str
+    # source name -> the poison decisions recorded for it (eos.protocol.poison): the source's own
+    # strings, kept for the checkpoint's life, never part of the replay digest (they only grow)
+    poison: dict[str, list[str]] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
     format: int = FORMAT_VERSION
 

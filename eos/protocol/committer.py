@@ -14,6 +14,8 @@ For epoch N, attempt a:
 Any failure before 4 aborts the attempt; after 4 the decision stands. Either way recovery runs
 (eos.protocol.recovery: fence, resolve, re-read the ledgers) and the epoch is retried, up to
 `tolerable_failures` consecutive failed attempts. A slot that committed writes nothing again.
+An attempt that failed asking for a poison decision (eos.protocol.poison) has it recorded in the
+checkpoint before the next attempt, which routes by it; that attempt counts as progress.
 
 Recovery after a crash is the same recovery at start-up: Spark replays the last logged but
 uncommitted epoch with the same offsets and state.
@@ -30,10 +32,19 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from eos.errors import DriverFenced, EosError, EpochFailed, Permanent, SlotAborted, from_spark
+from eos.errors import (
+    DriverFenced,
+    EosError,
+    EpochFailed,
+    Permanent,
+    PoisonDecision,
+    SlotAborted,
+    SourceFailed,
+    from_spark,
+)
 from eos.failpoints import Failpoints
-from eos.protocol import recovery
-from eos.protocol.checkpoint import Checkpoint
+from eos.protocol import poison, recovery
+from eos.protocol.checkpoint import Checkpoint, CheckpointMeta
 from eos.protocol.coordinator import Coordinator
 from eos.protocol.decision import ControlLog, ControlState, Decision, Pool
 from eos.protocol.ledger import Ledger, committed_slots
@@ -89,6 +100,7 @@ class EpochCommitter:
         failpoints: Failpoints | None = None,
         listeners: Iterable[EpochListener] = (),
         run: str | None = None,
+        meta: CheckpointMeta | None = None,
     ):
         self.spark = spark
         self.pipeline = pipeline
@@ -105,6 +117,7 @@ class EpochCommitter:
         self.failpoints = failpoints or Failpoints()
         self.listeners = list(listeners)
         self.run = run or uuid.uuid4().hex[:12]
+        self.meta = meta  # where poison decisions are recorded (written to the checkpoint as they grow)
         # The control log's last decision, as recovery resumes it. Known without reading the log
         # when the take-over read it (`taken_over`: from then on only this driver writes there)
         # and after this driver recorded one; unknown while a recording's outcome is.
@@ -186,13 +199,18 @@ class EpochCommitter:
                 self._abandon(plan, "the attempt failed")
                 reason = reason_of(exc)
                 typed = exc if isinstance(exc, EosError) else from_spark(exc)
+                try:
+                    progress = isinstance(typed, PoisonDecision) and self._record_poison(epoch, typed)
+                except SourceFailed as refused:
+                    typed, reason, progress = refused, refused.message, False
                 if isinstance(typed, Permanent):
                     self._emit("on_epoch_aborted", epoch, attempt, reason, False)
                     self._settle()
                     raise type(typed)(f"epoch {epoch}: {typed.message}", typed.hint) from None
                 if not isinstance(exc, Exception):
                     raise
-                self.consecutive_failures += 1
+                if not progress:
+                    self.consecutive_failures += 1
                 retrying = self.consecutive_failures <= self.tolerable_failures
                 self._emit("on_epoch_aborted", epoch, attempt, reason, retrying)
                 if not retrying:
@@ -224,6 +242,29 @@ class EpochCommitter:
             timeout_s=self.timeout_s,
             failpoints=self.failpoints,
         )
+
+    def _record_poison(self, epoch: int, asked: PoisonDecision) -> bool:
+        """Record the poison decisions a task asked for, durably, before the next attempt
+        (eos.protocol.poison). True if any is new. Refused for an epoch whose commit decision is
+        recorded: its committed part read those records without the decision, so routing them by
+        it now would split the epoch between two routes (the source's answer changed since: for
+        a registry, a schema it served is gone)."""
+        if self.meta is None:
+            return False
+        new = set(asked.decisions) - set(self.meta.poison.get(asked.source, ()))
+        if not new:
+            return False
+        if self.decision is not None and self.decision.epoch == epoch:
+            raise SourceFailed(
+                f"{asked.message}; but epoch {epoch} is already partly committed, and it read those records "
+                "without this decision: routing them as poison now would split the epoch between two routes",
+                hint="what the source's answer rests on changed after the epoch was decided (see above): restore "
+                "it, then start the pipeline again",
+            )
+        poison.add(self.meta.poison, asked.source, sorted(new))
+        self.checkpoint.write_meta(self.meta)
+        log.warning("epoch %d: recorded poison decisions for source %s: %s", epoch, asked.source, sorted(new))
+        return True
 
     def _abandon(self, plan: EpochPlan, reason: str) -> None:
         """The attempt is over without (complete) success: owners still waiting abort, and
@@ -327,6 +368,8 @@ class EpochCommitter:
         watchdog = threading.Timer(self.timeout_s, cancel)
         watchdog.daemon = True
         sc.addJobTag(tag)
+        # The recorded poison decisions reach the read tasks with the job (eos.protocol.poison).
+        sc.setLocalProperty(poison.PROPERTY, poison.job_property(self.meta.poison) if self.meta else None)
         watchdog.start()
         try:
             rows = df.mapInArrow(slot_task(plan), REPORT_SCHEMA).collect()
@@ -340,6 +383,7 @@ class EpochCommitter:
         finally:
             watchdog.cancel()
             sc.removeJobTag(tag)
+            sc.setLocalProperty(poison.PROPERTY, None)
         reports = [SlotReport.from_json(row.report) for row in rows]
         slots = sorted(r.slot for r in reports)
         if slots != list(range(len(slots))):

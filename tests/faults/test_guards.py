@@ -317,71 +317,66 @@ def test_at_least_once_fails_instead_of_dropping_undeliverable_records(admin, bo
 
 
 # ---------------------------------------------------------------------------------------------
-# 4. Poison is decided by the record alone
+# 4. Poison is decided by the record alone, or by an answer recorded before it routes anything
 # ---------------------------------------------------------------------------------------------
 
 
-def test_a_schema_the_registry_lacks_never_sends_a_record_to_the_dead_letter_queue(
-    bootstrap, new_topic, unique_name, tmp_path
+def test_a_schema_id_the_registry_lacks_stops_under_fail_and_is_dead_lettered_once_under_dlq(
+    spark, bootstrap, new_topic, unique_name, tmp_path
 ):
-    """A `file:` registry that lacks schema 2 (a registry replica lagging behind the producers):
-    records written with id 2 must not be dead-lettered. A kill between the slots' commits lands
-    before them; the restart stops at them with a clear error (after its retries) instead of
-    deciding their fate; once the schema is added, they reach the output. Only the truly corrupt
-    record is dead-lettered, once."""
-    import io
+    """A `file:` registry that lacks schema 2 (a schema deleted, or the wrong registry). Under
+    `on_error: fail` the pipeline stops at the first such record, naming the id and the way out,
+    with nothing of that epoch written. Switched to `dlq` (allowed: nothing of the pending epoch
+    was committed), the id is recorded as poison and its records reach the dead-letter queue
+    once, with the truly corrupt record; every other record reaches the output once. (Before,
+    such a record halted the pipeline under every `on_error`, until `eos reset`.) The same
+    through a crash, on a real registry: tests/integration/test_registry.py."""
     import json
 
-    import fastavro
+    import pytest
 
+    from eos.errors import PoisonRecord
     from eos_connectors.formats.registry import FileRegistry, wire_header
     from eos_connectors.kafka.clients import producer
+    from tests.pipelines import run_in_process
 
     v1 = {"type": "record", "name": "Tick", "namespace": "eos.test", "fields": [{"name": "id", "type": "string"}]}
-    v2 = {**v1, "fields": [*v1["fields"], {"name": "note", "type": "string", "default": ""}]}
     registry = tmp_path / "registry"
-    FileRegistry(registry).register("ticks", v1)  # id 1; id 2 (v2) is missing for now
+    FileRegistry(registry).register("ticks", v1)  # id 1; there is no id 2
 
-    def body(schema: dict, record: dict) -> bytes:
+    def body(record: dict) -> bytes:
+        import io
+
+        import fastavro
+
         out = io.BytesIO()
-        fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
+        fastavro.schemaless_writer(out, fastavro.parse_schema(v1), record)
         return out.getvalue()
 
     source, sink, dlq = new_topic(partitions=2), new_topic(partitions=2), new_topic()
     out = producer({"bootstrap.servers": bootstrap})
-    sent = []
+    sent = []  # the records with id 1: the output's
     for i in range(600):
-        later = i >= 450  # the last records were written with the newer schema
-        value = (
-            wire_header(2) + body(v2, {"id": f"rec-{i}", "note": "n"})
-            if later
-            else wire_header(1) + body(v1, {"id": f"rec-{i}"})
-        )
-        out.produce(source, value, f"k{i}".encode(), partition=i % 2)
-        sent.append(f"rec-{i}")
-        if i == 100:  # id 1, body cut short: poison by its bytes, in an early epoch
-            out.produce(source, b"\x00\x00\x00\x00\x01\x02", b"corrupt", partition=0)
+        schema_id = 2 if i >= 450 else 1
+        out.produce(source, wire_header(schema_id) + body({"id": f"rec-{i}"}), f"k{i}".encode(), partition=i % 2)
+        if schema_id == 1:
+            sent.append(f"rec-{i}")
+    out.produce(source, b"\x00\x00\x00\x00\x01\x02", b"corrupt", partition=0)  # id 1, body cut short
     assert out.flush(30) == 0
-    config = passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck", max_records_per_epoch=200)
-    config["epochs"]["tolerable_failures"] = 1
-    config["sources"][0].update(
-        value_format={"type": "avro", "registry": f"file:{registry}", "reader_schema": str(tmp_path / "v1.avsc")},
-        on_error="dlq",
-        dlq_topic=dlq,
-    )
     (tmp_path / "v1.avsc").write_text(json.dumps(v1))
+    config = passthrough_pipeline(unique_name("p"), bootstrap, source, sink, tmp_path / "ck", max_records_per_epoch=200)
+    config["sources"][0].update(
+        value_format={"type": "avro", "registry": "file:registry", "reader_schema": "v1.avsc"}, on_error="fail"
+    )
     config["transforms"] = [{"name": "ids", "sql": "SELECT CAST(_key AS STRING) AS key, id AS value FROM events"}]
     config["sinks"][0]["input"] = "ids"
-    path = write_pipeline(tmp_path, config)
-
-    crashed = eos_subprocess("run", str(path), "--failpoint", "sink.between_commits=kill@epoch=0")
-    assert crashed.killed, crashed.output[-3000:]
-    stopped = eos_subprocess("run", str(path))
-    assert stopped.returncode != 0, stopped.output[-3000:]
-    assert "schema id 2 is unknown" in stopped.output and "must not decide where the record goes" in stopped.output
-    assert len(read_all(bootstrap, dlq)) == 1  # only the corrupt record so far
-    FileRegistry(registry).register("ticks", v2)  # the registry catches up
-    run_until_done(path)
+    with pytest.raises(PoisonRecord, match=r"schema id 2: no 2\.avsc") as stopped:
+        run_in_process(spark, write_pipeline(tmp_path, config))
+    assert "offset 225:" in stopped.value.message  # the first record with id 2 (i = 450 or 451)
+    assert "on_error: dlq" in (stopped.value.hint or "")
+    config["sources"][0].update(on_error="dlq", dlq_topic=dlq)
+    result = run_in_process(spark, write_pipeline(tmp_path, config))
+    assert result.epochs_committed >= 2
     assert_exactly_once(sent, committed_values(bootstrap, sink))
     dead = read_all(bootstrap, dlq)
-    assert [m.key() for m in dead] == [b"corrupt"]
+    assert sorted(m.key().decode() for m in dead) == sorted(["corrupt", *(f"k{i}" for i in range(450, 600))])

@@ -22,10 +22,12 @@ if TYPE_CHECKING:  # the read side imports this package too: the config models (
 
 
 def check_formats(owner: str, formats: dict[str, FormatConfig], base_dir: Path | None = None) -> None:
-    """Load and check every schema file named, before anything starts (registries are asked
-    later, when the stream is built)."""
+    """Load and check every schema file named, and that a registry's CA file can be read, before
+    anything starts (registries are asked later, when the stream is built)."""
     for which, fmt in formats.items():
         try:
+            if fmt.registry is not None and fmt.registry.ca_file:
+                _check_ca_file(fmt.registry.ca_file, base_dir)
             for name in (fmt.schema_file, fmt.reader_schema):
                 if name:
                     schema = load_avsc(name, base_dir)
@@ -35,6 +37,20 @@ def check_formats(owner: str, formats: dict[str, FormatConfig], base_dir: Path |
                         spark_type(schema)
         except ConfigError as exc:
             raise ConfigError(f"{owner}: {which}: {exc.message}", exc.hint) from None
+
+
+def _check_ca_file(name: str, base_dir: Path | None) -> None:
+    import ssl
+
+    path = Path(name).expanduser()
+    path = path if path.is_absolute() else (base_dir or Path.cwd()) / path
+    try:
+        ssl.create_default_context(cafile=str(path))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"registry: ca_file {path}: not a readable PEM file of CA certificates ({exc})",
+            hint="give the CA that signed the registry's certificate, as PEM",
+        ) from None
 
 
 __all__ = ["check_formats", "load_avsc", "spark_type"]

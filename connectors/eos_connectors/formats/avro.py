@@ -13,6 +13,10 @@ Two layouts, by the format's `registry:`:
 - plain: the Avro body alone, written with `schema:` (the writer schema);
 - wire: Confluent's wire format (magic byte 0, 4-byte schema id, body) with a registry
   (eos_connectors/formats/registry.py). Decoding resolves each record's writer schema by its id.
+  An id the registry definitively does not know (or whose schema is not Avro) is no answer a
+  record may be routed by on the spot: the batch fails with `UnknownSchemaIds`, and the source
+  asks the driver to record the ids as poison (eos.protocol.poison). Ids recorded so are poison
+  from then on, in every replay, without asking the registry again (`poison_ids`).
 
 Schema evolution: records are read with the writer schema and resolved to the reader schema
 (`reader_schema:`, else `schema:`, else the subject's latest version in the registry), which also
@@ -34,10 +38,12 @@ from eos_connectors.formats.registry import (
     HEADER,
     HEADER_SIZE,
     MAGIC,
+    Connection,
     UnknownSchemaId,
     UnknownSubject,
+    connection,
+    poison_decision,
     registry,
-    resolve_location,
     wire_header,
 )
 
@@ -56,7 +62,7 @@ class AvroCodec:
     name: str  # the reader (decode) or writer (encode) schema's name, for messages
     reader: Any  # physical reader schema (decode) / writer schema (encode)
     writer: Any | None  # physical writer schema of plain Avro; None in wire format (by id)
-    registry: str | None  # resolved registry location: wire format
+    registry: Connection | None  # wire format: the registry (its repr shows no secret)
     schema_id: int | None  # encode in wire format: the id written before every body
     physical: Any  # pa.DataType
     natural: Any
@@ -88,7 +94,7 @@ def _has_maps(schema: Any) -> bool:
     )
 
 
-def _codec(which: str, schema: Any, writer: Any | None, location: str | None, schema_id: int | None) -> AvroCodec:
+def _codec(which: str, schema: Any, writer: Any | None, where: Connection | None, schema_id: int | None) -> AvroCodec:
     import fastavro
 
     try:
@@ -106,7 +112,7 @@ def _codec(which: str, schema: Any, writer: Any | None, location: str | None, sc
         name=_schema_name(schema),
         reader=physical_schema(schema),
         writer=physical_schema(writer) if writer is not None else None,
-        registry=location,
+        registry=where,
         schema_id=schema_id,
         physical=physical,
         natural=natural,
@@ -116,11 +122,11 @@ def _codec(which: str, schema: Any, writer: Any | None, location: str | None, sc
     )
 
 
-def _registry_call(location: str, what: str, call):
+def _registry_call(where: Connection, what: str, call):
     try:
-        return call(registry(location))
+        return call(registry(where))
     except (UnknownSubject, UnknownSchemaId) as exc:
-        raise ConfigError(f"schema registry {location}: {what}: {exc}") from None
+        raise ConfigError(f"schema registry {where.location}: {what}: {exc}") from None
 
 
 def decode_codec(fmt: FormatConfig, which: str, base_dir: Path | None, topics: list[str] | None = None) -> AvroCodec:
@@ -130,7 +136,7 @@ def decode_codec(fmt: FormatConfig, which: str, base_dir: Path | None, topics: l
     if not fmt.registry:
         assert schema is not None  # FormatConfig requires schema or registry for avro
         return _codec(which, reader, schema, None, None)
-    location = resolve_location(fmt.registry, base_dir)
+    location = connection(fmt.registry, base_dir)
     if reader is None:
         subject = fmt.subject or (f"{topics[0]}-{which}" if topics and len(topics) == 1 else None)
         if subject is None:
@@ -149,7 +155,7 @@ def encode_codec(fmt: FormatConfig, which: str, base_dir: Path | None, topic: st
     if not fmt.registry:
         assert schema is not None
         return _codec(which, schema, None, None, None)
-    location = resolve_location(fmt.registry, base_dir)
+    location = connection(fmt.registry, base_dir)
     subject = fmt.subject or (f"{topic}-{which}" if topic else None)
     if subject is None:
         raise ConfigError(f"{which}_format: with a registry, say which subject to write under (`subject:`)")
@@ -182,32 +188,40 @@ def _parse(schema: Any) -> Any:
 _writers_by_id: dict[tuple[str, int], Any] = {}
 
 
-def _writer_for_id(location: str, schema_id: int) -> Any:
-    """The parsed (physical) writer schema of an id. Only found schemas are cached: an id the
-    registry does not know now may be known in a moment (see eos_connectors.formats.registry)."""
+class UnknownSchemaIds(DependencyUnavailable):
+    """Records of a batch name schema ids the registry definitively does not know (or whose
+    schemas are not Avro). Not a verdict on the records yet: the source has the ids recorded
+    as poison first (eos.protocol.poison); without that it stays a retriable failure."""
+
+    def __init__(self, message: str, hint: str | None = None, decisions: list[str] | None = None, first: int = 0):
+        super().__init__(message, hint)
+        self.decisions = list(decisions or [])  # poison_decision() of each id
+        self.first = first  # the batch index of the first record that names one
+
+
+def _writer_for_id(where: Connection, schema_id: int) -> Any:
+    """The parsed (physical) writer schema of an id. Only found schemas are cached. Raises
+    UnknownSchemaId for an id that has no Avro schema fastavro can read, by the registry's own
+    answer (RegistryUnavailable when it gave none)."""
     from fastavro.schema import SchemaParseException
 
-    key = (location, schema_id)
+    key = (where.location, schema_id)
     if key not in _writers_by_id:
-        try:
-            schema = registry(location).schema_by_id(schema_id)
-        except UnknownSchemaId as exc:
-            raise DependencyUnavailable(
-                f"schema registry {location}: schema id {schema_id} is unknown ({exc}); a registry that lags, or a "
-                "schema registered later, must not decide where the record goes, so the epoch is retried",
-                hint="register the schema (or wait for the registry to catch up); the epoch then goes through",
-            ) from None
+        schema = registry(where).schema_by_id(schema_id)
         try:
             _writers_by_id[key] = _parse(physical_schema(schema))
-        except (ValueError, TypeError, KeyError, SchemaParseException) as exc:  # not a schema fastavro can parse
-            raise DependencyUnavailable(
-                f"schema registry {location}: schema id {schema_id} is not a valid Avro schema: {exc}"
-            ) from None
+        except (ValueError, TypeError, KeyError, AttributeError, SchemaParseException) as exc:
+            raise UnknownSchemaId(f"schema id {schema_id} is not an Avro schema fastavro can read: {exc}") from None
     return _writers_by_id[key]
 
 
 class _BadRecord(Exception):
     pass
+
+
+# Why a recorded id is poison, in words that stay the same in every replay (the dead-letter
+# queue's `eos.error` header): the registry's answer is not asked again.
+_RECORDED = "the registry had no Avro schema for it when it was first met (recorded in the checkpoint)"
 
 
 def _explain(codec: AvroCodec, exc: BaseException) -> str:
@@ -218,22 +232,25 @@ def _explain(codec: AvroCodec, exc: BaseException) -> str:
         detail = f"truncated or not Avro ({type(exc).__name__}: {str(exc)[:100] or 'ran out of bytes'})"
     elif isinstance(exc, UnicodeDecodeError):
         detail = "a string field is not valid UTF-8 (not written with this schema?)"
-    elif isinstance(exc, UnknownSchemaId):
-        detail = f"unknown schema id ({exc})"
     else:
         text = str(exc).splitlines()[0][:200] if str(exc) else ""
         detail = f"{type(exc).__name__}{': ' + text if text else ''}"
     return f"{codec.which}: not Avro of schema {codec.name}: {detail}"
 
 
-def decode_batch(codec: AvroCodec, column: pa.Array) -> pa.StructArray:
-    """Binary array -> struct<value: record, error: string>, one Arrow array for the batch."""
+def decode_batch(codec: AvroCodec, column: pa.Array, poison_ids: frozenset[int] = frozenset()) -> pa.StructArray:
+    """Binary array -> struct<value: record, error: string>, one Arrow array for the batch.
+    `poison_ids`: schema ids recorded as poison (eos.protocol.poison); their records are poison
+    without asking the registry. Raises UnknownSchemaIds for any other id it definitively lacks."""
     from fastavro import schemaless_reader
 
     reader = _parse(codec.reader)
     plain_writer = _parse(codec.writer) if codec.writer is not None else None
     records: list[Any] = []
     errors: list[str | None] = []
+    where = codec.registry
+    unknown: dict[int, str] = {}  # schema id -> the registry's answer, in the order first met
+    first_unknown = 0
     for raw in column.to_pylist():
         if raw is None:  # a tombstone is not poison
             records.append(None)
@@ -249,7 +266,18 @@ def decode_batch(codec: AvroCodec, column: pa.Array) -> pa.StructArray:
                 magic, schema_id = HEADER.unpack_from(raw)
                 if magic != MAGIC:
                     raise _BadRecord(f"magic byte {magic & 0xFF:#04x}, expected {MAGIC:#04x} (registry wire format)")
-                writer = _writer_for_id(codec.registry, schema_id)  # type: ignore[arg-type]
+                if schema_id in poison_ids:
+                    raise _BadRecord(f"schema id {schema_id} is recorded as poison for this pipeline: {_RECORDED}")
+                assert where is not None
+                try:
+                    writer = _writer_for_id(where, schema_id)
+                except UnknownSchemaId as answer:
+                    if not unknown:
+                        first_unknown = len(records)
+                    unknown.setdefault(schema_id, str(answer))
+                    records.append(None)
+                    errors.append(None)
+                    continue
                 fo.seek(HEADER_SIZE)
             record = schemaless_reader(fo, writer, reader)
             if fo.tell() != len(raw):
@@ -262,6 +290,14 @@ def decode_batch(codec: AvroCodec, column: pa.Array) -> pa.StructArray:
             continue
         records.append(record)
         errors.append(None)
+    if unknown:
+        assert where is not None
+        location = where.location
+        raise UnknownSchemaIds(
+            f"{codec.which}: schema registry {location} has no Avro schema for an id: " + "; ".join(unknown.values()),
+            decisions=[poison_decision(location, schema_id) for schema_id in unknown],
+            first=first_unknown,
+        )
     values = pa.array(records, type=codec.natural)
     if codec.natural != codec.spark:
         values = values.cast(codec.spark)

@@ -9,13 +9,19 @@ Two kinds, chosen by `registry:` in a format:
       DIR/<id>.avsc        one schema per id (never changed once written)
       DIR/subjects.json    {"<subject>": [<id>, <id>, ...]}  the subject's versions, oldest first
 
+An HTTP registry is reached with basic auth (username and password) or a bearer token, over TLS
+verified against the system's CAs or a given CA file (`Connection`). Its `location`, the URL
+without any credentials, is what messages, cache keys and poison decisions name.
+
 Clients are created lazily and cached per process: Spark tasks run in Python worker processes
 that are reused across tasks, so each worker asks the registry for a schema id once.
-Registry trouble never decides where a record goes: an unreachable registry, and an id the
-registry does not know (a lagging replica, a schema registered a moment later), fail the read
-task with a retriable error (`DependencyUnavailable`) and the epoch is retried; neither answer is
-cached. Otherwise one attempt could send a record to the dead-letter queue and a replay could send
-it to the output, so that it ends up in both or in neither.
+Registry trouble never decides where a record goes. An unreachable registry, a server error, a
+timeout, a refused login (401, 403): the read task fails with a retriable error
+(`RegistryUnavailable`) and the epoch is retried; nothing is cached. Only a definitive answer
+about the id itself (HTTP 404 with the registry's "schema not found" code 40403, a missing file
+in a `file:` registry, or a schema that is not Avro) makes a record poison, and only once that
+answer is recorded (eos.protocol.poison; eos_connectors.formats.avro). A 404 without that code
+(a wrong URL path) says nothing about the id and is retried like an outage.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import json
 import os
 import struct
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,8 +43,11 @@ HEADER = struct.Struct(">bI")  # magic byte, schema id
 HEADER_SIZE = HEADER.size
 
 
+SCHEMA_NOT_FOUND = 40403  # the Confluent API's error code for "no schema has this id"
+
+
 class UnknownSchemaId(LookupError):
-    """The registry answered: no schema has this id."""
+    """The registry answered: no schema has this id (or it is not an Avro schema)."""
 
 
 class UnknownSubject(LookupError):
@@ -46,6 +56,54 @@ class UnknownSubject(LookupError):
 
 class RegistryUnavailable(DependencyUnavailable):
     """The registry could not be asked (unreachable, timed out, server error)."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """A registry as executors reach it (pickled into read tasks and UDFs). Its repr shows no
+    secret, and `location` (the URL without credentials) is what every message names."""
+
+    location: str  # an http(s) URL without userinfo, or file:/absolute/folder
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    ca_file: str | None = None  # absolute
+
+    def client_config(self) -> dict[str, Any]:
+        """confluent-kafka's SchemaRegistryClient settings (secrets included: never log them)."""
+        # Bounded retries: a task that cannot reach the registry fails within ~10 s and Spark
+        # and the epoch protocol retry it, instead of hanging the epoch.
+        config: dict[str, Any] = {
+            "url": self.location, "timeout": 10, "max.retries": 2, "retries.wait.ms": 500, "retries.max.wait.ms": 2000,
+        }  # fmt: skip
+        if self.username is not None:
+            config["basic.auth.user.info"] = f"{self.username}:{self.password or ''}"
+        if self.token is not None:
+            # confluent-kafka sends a static token with Confluent Cloud's cluster header; a
+            # registry that needs none ignores it empty.
+            config.update({
+                "bearer.auth.credentials.source": "STATIC_TOKEN", "bearer.auth.token": self.token,
+                "bearer.auth.logical.cluster": "",
+            })  # fmt: skip
+        if self.ca_file is not None:
+            config["ssl.ca.location"] = self.ca_file
+        return config
+
+
+def poison_decision(location: str, schema_id: int) -> str:
+    """How a source records "this registry definitively has no (Avro) schema with this id"
+    (eos.protocol.poison). Ids belong to a registry: another location is another decision."""
+    return f"{location}#{schema_id}"
+
+
+def poison_ids(decisions: frozenset[str], location: str) -> frozenset[int]:
+    """The schema ids of `location` among a source's recorded decisions."""
+    ids = set()
+    for decision in decisions:
+        where, _, schema_id = decision.rpartition("#")
+        if where == location and schema_id.isdigit():
+            ids.add(int(schema_id))
+    return frozenset(ids)
 
 
 class Registry(Protocol):
@@ -72,15 +130,17 @@ def _canonical(schema: dict[str, Any]) -> str:
 
 
 class HttpRegistry:
-    def __init__(self, url: str):
+    def __init__(self, connection: Connection):
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
-        self.location = url
-        # Bounded retries: a task that cannot reach the registry fails within ~10 s and Spark
-        # and the epoch protocol retry it, instead of hanging the epoch.
-        self.client = SchemaRegistryClient(
-            {"url": url, "timeout": 10, "max.retries": 2, "retries.wait.ms": 500, "retries.max.wait.ms": 2000}
-        )
+        self.location = connection.location
+        try:
+            self.client = SchemaRegistryClient(connection.client_config())
+        except (ValueError, TypeError, OSError) as exc:  # a CA file that cannot be read, say
+            raise ConfigError(f"schema registry {self.location}: {type(exc).__name__}: {exc}") from None
+
+    def __repr__(self) -> str:
+        return f"HttpRegistry({self.location})"
 
     def _call(self, what: str, call, not_found: type[Exception] | None = None):
         from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -93,11 +153,14 @@ class HttpRegistry:
         try:
             return call()
         except SchemaRegistryError as exc:
-            # 404 is the registry's answer about the thing asked for; anything else (5xx, auth)
-            # says nothing about the record.
-            if exc.http_status_code == 404 and not_found is not None:
+            # A 404 that names what was asked for is the registry's answer about it; anything else
+            # (5xx, a login refused, a 404 from a wrong path) says nothing about the record.
+            if exc.http_status_code == 404 and not_found is not None and _names_the_thing(exc, not_found):
                 raise not_found(f"{what}: {exc.error_message}") from None
-            raise RegistryUnavailable(f"schema registry {self.location}: {what}: {exc}") from None
+            hint = None
+            if exc.http_status_code in (401, 403):
+                hint = "check the registry's username and password (or token), and what that principal may read"
+            raise RegistryUnavailable(f"schema registry {self.location}: {what}: {exc}", hint) from None
         except (httpx.HTTPError, OSError) as exc:
             raise RegistryUnavailable(
                 f"schema registry {self.location} unreachable ({what}): {type(exc).__name__}: {exc}"
@@ -122,6 +185,14 @@ class HttpRegistry:
         )
 
 
+def _names_the_thing(error: Any, not_found: type[Exception]) -> bool:
+    """Whether a 404 is about the schema id (code 40403) or the subject (40401, 40402) asked for,
+    not about the URL (a wrong path gets a 404 without those codes)."""
+    if not_found is UnknownSchemaId:
+        return error.error_code == SCHEMA_NOT_FOUND
+    return error.error_code in (40401, 40402)
+
+
 # ---------------------------------------------------------------------------------------------
 # A folder
 # ---------------------------------------------------------------------------------------------
@@ -142,7 +213,7 @@ class FileRegistry:
         except FileNotFoundError:
             if not self.folder.is_dir():
                 raise RegistryUnavailable(f"schema registry folder {self.folder} does not exist") from None
-            raise UnknownSchemaId(f"no {path.name} in {self.folder}") from None
+            raise UnknownSchemaId(f"schema id {schema_id}: no {path.name} in {self.folder}") from None
         except (OSError, json.JSONDecodeError) as exc:
             raise RegistryUnavailable(f"schema registry folder {self.folder}: cannot read {path.name}: {exc}") from None
 
@@ -198,31 +269,36 @@ def _write_atomically(path: Path, text: str) -> None:
 # One client per location and process
 # ---------------------------------------------------------------------------------------------
 
-_clients: dict[str, Registry] = {}
+_clients: dict[Connection, Registry] = {}
 _lock = threading.Lock()
 
 
-def resolve_location(location: str, base_dir: Path | None = None) -> str:
-    """A location executors can use as is: URLs unchanged, file: folders made absolute (relative
-    ones are relative to the pipeline file)."""
-    if location.startswith(("http://", "https://")):
-        return location
-    if not location.startswith("file:"):
-        raise ConfigError(f"registry {location!r}: expected an http(s):// URL or file:DIR")
-    folder = Path(location.removeprefix("file://").removeprefix("file:")).expanduser()
-    if not folder.is_absolute():
-        folder = (base_dir or Path.cwd()) / folder
-    return f"file:{folder.resolve()}"
+def _absolute(path: str, base_dir: Path | None) -> Path:
+    """Relative paths are relative to the pipeline file."""
+    resolved = Path(path).expanduser()
+    return (resolved if resolved.is_absolute() else (base_dir or Path.cwd()) / resolved).resolve()
 
 
-def registry(location: str) -> Registry:
-    """The cached client for a resolved location (see `resolve_location`)."""
+def connection(config: Any, base_dir: Path | None = None) -> Connection:
+    """A `registry:` (eos_connectors.formats.config.RegistryConfig) as executors use it: file:
+    folders and the CA file made absolute."""
+    url = config.url
+    if url.startswith(("http://", "https://")):
+        ca_file = str(_absolute(config.ca_file, base_dir)) if config.ca_file else None
+        return Connection(url, config.username, config.password, config.token, ca_file)
+    if not url.startswith("file:"):
+        raise ConfigError(f"registry {url!r}: expected an http(s):// URL or file:DIR")
+    return Connection(f"file:{_absolute(url.removeprefix('file://').removeprefix('file:'), base_dir)}")
+
+
+def registry(where: Connection) -> Registry:
+    """The cached client for a registry (see `connection`); a rotated password is a new client."""
     with _lock:
-        client = _clients.get(location)
+        client = _clients.get(where)
         if client is None:
-            if location.startswith("file:"):
-                client = FileRegistry(Path(location.removeprefix("file:")))
+            if where.location.startswith("file:"):
+                client = FileRegistry(Path(where.location.removeprefix("file:")))
             else:
-                client = HttpRegistry(location)
-            _clients[location] = client
+                client = HttpRegistry(where)
+            _clients[where] = client
         return client

@@ -19,7 +19,10 @@ Executor side:
   offset, never at "N records read": markers and aborted records leave offset gaps), decodes
   Avro keys and values right there with fastavro (no extra trip of the rows to a decoding UDF),
   and applies the poison policy: a record that cannot be decoded stops the epoch under `fail`,
-  or carries its error and raw bytes under `skip` and `dlq`.
+  or carries its error and raw bytes under `skip` and `dlq`. A record whose schema id the
+  registry definitively does not know is routed so only once the id is recorded as poison for
+  the pipeline: until then the attempt fails asking the driver to record it (`PoisonDecision`,
+  eos.protocol.poison), and each task reads the recorded ids from its job.
 - After each epoch the end offsets are committed to a consumer group, for lag monitors only, on
   a thread of their own (eos_connectors.kafka.group_offsets).
 """
@@ -40,7 +43,16 @@ from typing import Any, NoReturn
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from eos.api import Failpoints, PoisonRecord, SharedEnds, SourceFailed, crossing, parse_failpoints
+from eos.api import (
+    Failpoints,
+    PoisonDecision,
+    PoisonRecord,
+    SharedEnds,
+    SourceFailed,
+    crossing,
+    parse_failpoints,
+    recorded_poison,
+)
 from eos_connectors.kafka import offsets as planning
 from eos_connectors.kafka.clients import (
     BrokerUnreachable,
@@ -139,8 +151,11 @@ def _headers_type() -> Any:
     return pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 
 
-def to_arrow(options: ReaderOptions, messages: list[Any], topic: str, partition: int) -> Any:
-    """Kafka messages -> one Arrow batch of the source's schema, decoded, poison marked."""
+def to_arrow(
+    options: ReaderOptions, messages: list[Any], topic: str, partition: int, recorded: frozenset[str] = frozenset()
+) -> Any:
+    """Kafka messages -> one Arrow batch of the source's schema, decoded, poison marked.
+    `recorded`: the source's recorded poison decisions (eos.protocol.poison)."""
     import pyarrow as pa
 
     n = len(messages)
@@ -157,9 +172,14 @@ def to_arrow(options: ReaderOptions, messages: list[Any], topic: str, partition:
     for which, codec, raw in (("key", options.key_codec, key_array), ("value", options.value_codec, value_array)):
         if codec is None:
             continue
-        from eos_connectors.formats.avro import decode_batch
+        from eos_connectors.formats.avro import UnknownSchemaIds, decode_batch
+        from eos_connectors.formats.registry import poison_ids
 
-        result = decode_batch(codec, raw)
+        ids = poison_ids(recorded, codec.registry.location) if recorded and codec.registry else frozenset()
+        try:
+            result = decode_batch(codec, raw, ids)
+        except UnknownSchemaIds as unknown:
+            raise _unknown_ids(options, unknown, f"{topic}/{partition} offset {offsets[unknown.first]}") from None
         problems = result.field("error")
         if problems.null_count < n:
             for i, problem in enumerate(problems.to_pylist()):
@@ -203,6 +223,24 @@ def to_arrow(options: ReaderOptions, messages: list[Any], topic: str, partition:
 POISON_NAMES = ("_eos_error", "_eos_raw_key", "_eos_raw_value")
 
 
+def _unknown_ids(options: ReaderOptions, unknown: Any, where: str) -> Exception:
+    """Schema ids the registry definitively lacks, met for the first time: under `fail` a stop;
+    under `skip` and `dlq` a request to record them as poison, after which every attempt routes
+    their records as poison (a record is never routed by an answer that is not recorded)."""
+    if options.on_error == "fail":
+        return PoisonRecord(
+            f"source {options.name}: cannot decode the record at {where}: {unknown.message} (on_error: fail)",
+            hint="to route such records as poison instead, set on_error: dlq (or skip); eos then records each "
+            "such schema id in the checkpoint and routes its records the same way in every replay",
+        )
+    return PoisonDecision(
+        f"source {options.name}: the record at {where}: {unknown.message}; the ids are recorded as poison for "
+        f"this pipeline and the epoch is retried (on_error: {options.on_error})",
+        source=options.name,
+        decisions=unknown.decisions,
+    )
+
+
 def _headers_array(headers: list[Any]) -> Any:
     """Kafka headers ([(key, value)] or None per message) -> list<struct<key, value>>."""
     import pyarrow as pa
@@ -223,20 +261,29 @@ def read_ranges(options: ReaderOptions, ranges: list[tuple[str, int, int, int]])
     if armed is not None:
         armed.hit("source.read", slot=ranges[0][1] if ranges else None)
     reader = _cached_consumer(options)
+    recorded = recorded_poison(options.name) if options.key_codec or options.value_codec else frozenset()
     for topic, partition, start, end in ranges:
-        yield from _read_one(options, reader, topic, partition, start, end)
+        yield from _read_one(options, reader, topic, partition, start, end, recorded)
 
 
-def _read_one(options: ReaderOptions, reader: Any, topic: str, partition: int, start: int, end: int) -> Iterator[Any]:
+def _read_one(
+    options: ReaderOptions,
+    reader: Any,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    recorded: frozenset[str] = frozenset(),
+) -> Iterator[Any]:
     try:
         pending: list[Any] = []
         for batch in read_range(reader, topic, partition, start, end):
             pending.extend(batch)
             if len(pending) >= ARROW_BATCH_ROWS:
-                yield to_arrow(options, pending, topic, partition)
+                yield to_arrow(options, pending, topic, partition, recorded)
                 pending = []
         if pending:
-            yield to_arrow(options, pending, topic, partition)
+            yield to_arrow(options, pending, topic, partition, recorded)
     except RangeReadError as exc:
         if "out of range" in str(exc) and options.on_out_of_range == "earliest":
             first = start_offsets(admin_client(options.client), {topic: [partition]})[(topic, partition)]
@@ -246,7 +293,7 @@ def _read_one(options: ReaderOptions, reader: Any, topic: str, partition: int, s
                     "on_out_of_range=earliest continues from %d (records LOST)",
                     options.name, start, first, topic, partition, first,
                 )  # fmt: skip
-                yield from _read_one(options, reader, topic, partition, first, end)
+                yield from _read_one(options, reader, topic, partition, first, end, recorded)
                 return
         raise SourceFailed(f"source {options.name}: {exc}") from None
 
