@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from eos.api import ConfigError
 from eos_connectors.formats.avro_schema import load_avsc, record_fields_ddl, spark_type
+from eos_connectors.formats.ddl import check_ddl, is_ddl
 
 if TYPE_CHECKING:  # the read side imports this package too: the config models (pydantic) stay out of it
     from eos_connectors.formats.config import FormatConfig
@@ -28,10 +29,13 @@ def check_formats(owner: str, formats: dict[str, FormatConfig], base_dir: Path |
         try:
             if fmt.registry is not None and fmt.registry.ca_file:
                 _check_ca_file(fmt.registry.ca_file, base_dir)
+            if fmt.schema_file and fmt.type in ("json", "csv") and is_ddl(fmt.schema_file):
+                check_ddl(fmt.schema_file)
+                continue
             for name in (fmt.schema_file, fmt.reader_schema):
                 if name:
                     schema = load_avsc(name, base_dir)
-                    if fmt.type == "json":
+                    if fmt.type in ("json", "csv"):
                         record_fields_ddl(schema)
                     else:
                         spark_type(schema)

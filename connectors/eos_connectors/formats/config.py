@@ -9,6 +9,7 @@ from urllib.parse import unquote, urlsplit
 from pydantic import BeforeValidator, Field, SerializationInfo, model_serializer, model_validator
 
 from eos.api import Model
+from eos_connectors.formats.ddl import is_ddl
 
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
 
@@ -86,10 +87,11 @@ def _registry(value: Any) -> Any:
 
 
 class FormatConfig(Model):
-    """Raw bytes, UTF-8 string, JSON, or Avro."""
+    """Raw bytes, UTF-8 string, JSON, CSV or Avro."""
 
-    type: Literal["raw", "string", "json", "avro"] = "raw"
-    schema_file: str | None = Field(None, alias="schema")  # .avsc (avro, json) file
+    type: Literal["raw", "string", "json", "csv", "avro"] = "raw"
+    # json, csv: a Spark DDL string ("id STRING, amount DOUBLE") or an .avsc file; avro: an .avsc file
+    schema_file: str | None = Field(None, alias="schema")
     reader_schema: str | None = None  # avro: the schema to read as (evolution)
     # Schema Registry URL or file:DIR, or {url, username, password | token, ca_file} (wire
     # format: magic byte + id)
@@ -102,8 +104,10 @@ class FormatConfig(Model):
             raise ValueError(f"format {self.type} takes no schema")
         if self.type == "avro" and not (self.schema_file or self.registry):
             raise ValueError("format avro needs `schema:` (an .avsc file) or `registry:`")
-        if self.type == "json" and (self.registry or self.reader_schema):
-            raise ValueError("format json takes `schema:` only (registry and reader_schema are for avro)")
+        if self.type in ("json", "csv") and (self.registry or self.reader_schema):
+            raise ValueError(f"format {self.type} takes `schema:` only (registry and reader_schema are for avro)")
+        if self.type == "avro" and self.schema_file and is_ddl(self.schema_file):
+            raise ValueError("format avro takes an .avsc file as `schema:` (a DDL string is for json and csv)")
         if self.subject and not self.registry:
             raise ValueError("`subject:` names a schema registry subject; it needs `registry:`")
         return self

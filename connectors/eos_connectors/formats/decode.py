@@ -2,7 +2,8 @@
 
 Avro is decoded in the source's read task (eos_connectors.kafka.reader): the rows reach the JVM
 decoded, in one trip. Formats Spark decodes natively are decoded here, in the JVM: `string` is a
-cast, `json` is `from_json` with a schema from an .avsc file, and a value that does not parse is
+cast, `json` and `csv` are `from_json` / `from_csv` with a schema (a Spark DDL string, or an .avsc
+file's record), and a value that does not parse is
 marked as poison (`_eos_error`, raw bytes kept for a dead-letter queue) like an undecodable Avro
 record. Under `on_error: fail` such a record fails its task with a typed error before anything of
 the epoch is written.
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from eos.api import ERROR, POISON_COLUMNS, RAW_KEY, RAW_VALUE, PoisonRecord, to_wire
 from eos_connectors.formats.avro_schema import load_avsc, record_fields_ddl
 from eos_connectors.formats.config import FormatConfig
+from eos_connectors.formats.ddl import is_ddl
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -32,13 +34,24 @@ def _decode(column: Column, fmt: FormatConfig, which: str, base_dir: Path | None
         return column, None
     if fmt.type == "string":
         return column.cast("string"), None
-    schema = load_avsc(fmt.schema_file, base_dir)  # json: FormatConfig requires a schema
-    ddl = f"{record_fields_ddl(schema)}, `{CORRUPT}` STRING"
-    parsed = F.from_json(column.cast("string"), ddl, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
-    error = F.when(
-        column.isNotNull() & parsed[CORRUPT].isNotNull(), F.lit(f"{which}: malformed JSON or a field of the wrong type")
-    )
+    ddl = f"{schema_ddl(fmt, base_dir)}, `{CORRUPT}` STRING"  # json, csv: FormatConfig requires a schema
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+    if fmt.type == "csv":
+        parsed = F.from_csv(column.cast("string"), ddl, options)
+        problem = "malformed CSV or a field of the wrong type"
+    else:
+        parsed = F.from_json(column.cast("string"), ddl, options)
+        problem = "malformed JSON or a field of the wrong type"
+    error = F.when(column.isNotNull() & parsed[CORRUPT].isNotNull(), F.lit(f"{which}: {problem}"))
     return parsed.dropFields(CORRUPT), error
+
+
+def schema_ddl(fmt: FormatConfig, base_dir: Path | None) -> str:
+    """A json or csv format's fields as Spark DDL: its `schema:` as written, or an .avsc file's record."""
+    assert fmt.schema_file is not None
+    if is_ddl(fmt.schema_file):
+        return fmt.schema_file
+    return record_fields_ddl(load_avsc(fmt.schema_file, base_dir))
 
 
 def decode_in_spark(raw: DataFrame, entry: Any, base_dir: Path | None) -> DataFrame:
@@ -80,7 +93,7 @@ def source_view(decoded: DataFrame, entry: Any) -> DataFrame:
     _partition, _offset, _timestamp, _headers so it can never clash with a field."""
     from pyspark.sql import functions as F
 
-    if entry.value_format.type not in ("json", "avro"):
+    if entry.value_format.type not in ("json", "csv", "avro"):
         return decoded
     return decoded.select(
         "value.*", *[F.col(c).alias(f"_{c}") for c in ["key", *METADATA]], *[F.col(c) for c in POISON_COLUMNS]

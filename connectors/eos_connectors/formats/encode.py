@@ -1,6 +1,6 @@
 """A sink's view -> the columns its slot writers get: key, value, headers.
 
-Formats Spark encodes natively (raw, string, json) are encoded here, in the JVM. An Avro key or
+Formats Spark encodes natively (raw, string, json, csv) are encoded here, in the JVM. An Avro key or
 value stays a struct shaped exactly as its schema (fields matched by name and cast), and the slot
 writer encodes it with fastavro in the same pass that produces it: the rows cross from the JVM
 to Python once, instead of once for an encoding UDF and once more for the writer.
@@ -29,6 +29,8 @@ def _column(column: Column, fmt: FormatConfig, which: str, base_dir: Path | None
         return column.cast("string").cast("binary")
     if fmt.type == "json":
         return F.to_json(column).cast("binary")
+    if fmt.type == "csv":
+        return F.to_csv(column).cast("binary")
     from eos_connectors.formats import avro
 
     codec = avro.encode_codec(fmt, which, base_dir, topic)
@@ -42,7 +44,7 @@ def sink_columns(view: DataFrame, entry: Any, base_dir: Path | None = None) -> D
 
     if entry.value is not None:
         value = F.expr(entry.value)
-    elif entry.value_format.type in ("json", "avro"):
+    elif entry.value_format.type in ("json", "csv", "avro"):
         value = F.struct(*[F.col(f"`{c}`") for c in view.columns])
     elif "value" in view.columns:
         value = F.col("value")

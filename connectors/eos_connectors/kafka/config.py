@@ -43,8 +43,11 @@ class KafkaSourceEntry(SourceEntry):
     @model_validator(mode="after")
     def _dlq(self) -> KafkaSourceEntry:
         for which, fmt in (("key_format", self.key_format), ("value_format", self.value_format)):
-            if fmt.type == "json" and not fmt.has_schema:
-                raise ValueError(f"{which}: decoding json needs `schema:` (an .avsc file describing the records)")
+            if fmt.type in ("json", "csv") and not fmt.has_schema:
+                raise ValueError(
+                    f"{which}: decoding {fmt.type} needs `schema:`, its fields as Spark DDL "
+                    '("id STRING, amount DOUBLE") or an .avsc file'
+                )
         if self.on_error == "dlq" and not self.dlq_topic:
             raise ValueError("on_error: dlq needs dlq_topic")
         if self.on_error != "dlq" and self.dlq_topic:
