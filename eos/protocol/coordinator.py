@@ -395,6 +395,10 @@ class Coordinator:
             int(request.get("records", 0)), connection=connection,
         )  # fmt: skip
         if key in state.votes:
+            # Two connections claim one transaction: one of them lies. The driver must not take
+            # either's word that it committed: the attempt fails (and is replayed) instead.
+            state.votes[key].error = state.votes[key].error or "two connections voted prepared for it"
+            self._lock.notify_all()
             return vote, f"{key[0]} {key[1]}: already voted on another connection"
         if lease is not None and (state.epoch, state.attempt, key[0], lease) not in connection.leases:
             return vote, f"{key[0]}: id {lease} was not leased on this connection"
@@ -410,7 +414,8 @@ class Coordinator:
             self._warn("report", f"refused `{op}` for {key[0]} {key[1]} from {connection.peer}: it did not vote")
             return {"ok": False, "error": f"{key[0]} {key[1]}: not voted on this connection"}
         vote.committed = op == "committed"
-        vote.error = str(request.get("error", ""))[:500] if op == "commit_failed" else ""
+        if op == "commit_failed":
+            vote.error = str(request.get("error", ""))[:500]
         self._free(state, vote.sink, vote.lease)
         self._lock.notify_all()
         return {"ok": True}
