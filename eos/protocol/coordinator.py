@@ -10,7 +10,8 @@ JobManager role). It does three things:
   neither case can it commit. Safety does not rest on this alone: recovery fences every
   transactional id before a new attempt reads the ledger. A vote belongs to its connection:
   only the connection that voted `prepared` for a transaction may report it `committed` or
-  `commit_failed`, and it may vote only with an id it leased itself.
+  `commit_failed`, and it may vote only with an id it leased itself; a second connection voting
+  for the same transaction fails the attempt (one of the two lies).
 - **Leases** of transactional identities. A sink's transactional ids are a numbered pool; the
   coordinator hands each slot an id its Python worker already holds idle (no `init_transactions`,
   no new producer: affinity between a producer and the process that keeps it), or else a free
@@ -23,8 +24,9 @@ JobManager role). It does three things:
   control log, and tells anyone else nothing.
 
 The wire (handshake, MACs, the line cap) is eos.protocol.channel. The service runs on one asyncio
-loop in a thread of its own: a connection costs a buffer of MAX_LINE bytes and no thread, a slot
-waiting for its decision is a suspended coroutine. What a peer can cost the driver is bounded:
+loop in a thread of its own, driven by callbacks (no task per connection or request: each costs a
+loop iteration): a connection costs a buffer of MAX_LINE bytes and no thread, a slot waiting for
+its decision is an entry in `_waiting`. What a peer can cost the driver is bounded:
 a line longer than MAX_LINE closes its connection; a peer has `hello_timeout_s` from connecting
 to its first authenticated request, and an authenticated one may stay idle up to the longest
 epoch timeout plus a minute (a slot leases, writes for up to the epoch's timeout, then votes;
