@@ -312,7 +312,9 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
         state = ControlState()
         driver: DriverInfo | None = None
         if config.exactly_once:
-            slots = int(meta.replay["parallelism"]) * len(found.sinks)  # per sink, at most its branch's partitions
+            # A sink's slots are its branch's partitions: the source's read tasks, or a shuffle's.
+            partitions = max(int(meta.replay["parallelism"]), int(spark.conf.get("spark.sql.shuffle.partitions")))
+            slots = partitions * len(found.sinks)
             coordinator = _coordinator(config, spark, {"pipeline": config.name, "run": run_id}, slots)
             control = found.sources[0].control_log()
             driver = DriverInfo(
