@@ -533,6 +533,8 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.buffer = bytearray()  # its vote keeps this object as long as the attempt is kept
+        self.start = self.end = 0
         for timer in (self.timer, self.expiry):
             if timer is not None:
                 timer.cancel()
