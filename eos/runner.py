@@ -31,9 +31,10 @@ from eos.config import PipelineConfig, load_pipeline, parse_duration
 from eos.errors import CheckpointError, ConfigError, EosError, EpochFailed, from_spark
 from eos.failpoints import SOURCE_POINTS, from_specs
 from eos.pipeline import Connectors, build, connectors, pipeline_info, replay_config
+from eos.protocol.channel import Liveness, ping
 from eos.protocol.checkpoint import Checkpoint, CheckpointMeta
 from eos.protocol.committer import EpochCommitter
-from eos.protocol.coordinator import Coordinator, ping
+from eos.protocol.coordinator import Coordinator
 from eos.protocol.decision import ControlLog, ControlState, DriverInfo
 from eos.protocol.plan import digest
 from eos.protocol.report import EpochListener
@@ -193,8 +194,10 @@ def take_over(control: ControlLog, driver: DriverInfo, allow: bool) -> ControlSt
     asking first turns an accidental second start into a clear error instead of a takeover."""
     previous = control.previous_driver()
     if previous is not None and previous.run != driver.run and not allow:
-        alive = ping(previous.address)
-        if alive is not None:
+        # Only the recorded driver can prove it answers (its ping key, pipeline and run): another
+        # pipeline's vote service on a reused port, or any other process there, does not count.
+        answer = ping(previous)
+        if answer is Liveness.ALIVE:
             started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(previous.started_at))
             raise CheckpointError(
                 f"another eos driver is running this pipeline: pid {previous.pid} on {previous.host} (vote service "
@@ -202,16 +205,38 @@ def take_over(control: ControlLog, driver: DriverInfo, allow: bool) -> ControlSt
                 hint="stop it first; or, if it is a stale process you cannot reach, start with --take-over (the "
                 "old driver is fenced: it can no longer commit and stops at its next epoch)",
             )
+        if answer is Liveness.OTHER:
+            earlier = "" if previous.ping_key else " (or it is a driver of an earlier eos, which cannot prove it)"
+            print(
+                f"eos: the last driver's vote service address {previous.address} answers, but not as that driver (pid "
+                f"{previous.pid} on {previous.host}, run {previous.run}): another process holds the port now, such as "
+                f"another pipeline's vote service{earlier}; taking the pipeline over",
+                file=sys.stderr,
+                flush=True,
+            )
     return control.take_over(driver)
 
 
-def _coordinator(config: PipelineConfig, spark: Any, identity: dict[str, Any]) -> Coordinator:
-    master = spark.sparkContext.master
+def _coordinator(config: PipelineConfig, spark: Any, identity: dict[str, Any], slots: int = 0) -> Coordinator:
+    """The vote service listens only where the executors reach it: `coordinator.host`, else the
+    driver's host (127.0.0.1 for a local master, else spark.driver.host). Like Spark's own driver,
+    it binds to spark.driver.bindAddress instead when that is set (a driver behind NAT or in a
+    container, whose advertised name is not an address of its own)."""
+    local = spark.sparkContext.master.startswith("local")
     host = config.coordinator.host
     if host is None:
-        host = "127.0.0.1" if master.startswith("local") else spark.conf.get("spark.driver.host")
-    bind = "127.0.0.1" if host == "127.0.0.1" else "0.0.0.0"
-    return Coordinator(bind_host=bind, port=config.coordinator.port, advertise_host=host, identity=identity)
+        host = "127.0.0.1" if local else spark.conf.get("spark.driver.host")
+    bind = host if local else (spark.conf.get("spark.driver.bindAddress", None) or host)
+    port = config.coordinator.port
+    try:
+        return Coordinator(bind_host=bind, port=port, advertise_host=host, identity=identity, slots=slots)
+    except OSError as exc:
+        raise ConfigError(
+            f"the vote service cannot listen on {bind}:{port}: {exc}",
+            hint="set coordinator.host to an address of this machine that the executors reach (or "
+            "spark.driver.bindAddress, if the driver's advertised host is not one), and coordinator.port to a free "
+            "port or 0",
+        ) from None
 
 
 def check_spark(spark: Any) -> None:
@@ -287,9 +312,15 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
         state = ControlState()
         driver: DriverInfo | None = None
         if config.exactly_once:
-            coordinator = _coordinator(config, spark, {"pipeline": config.name, "run": run_id})
+            # A sink's slots are its branch's partitions: the source's read tasks, or a shuffle's.
+            partitions = max(int(meta.replay["parallelism"]), int(spark.conf.get("spark.sql.shuffle.partitions")))
+            slots = partitions * len(found.sinks)
+            coordinator = _coordinator(config, spark, {"pipeline": config.name, "run": run_id}, slots)
             control = found.sources[0].control_log()
-            driver = DriverInfo(run_id, socket.gethostname(), os.getpid(), coordinator.address.hostport)
+            driver = DriverInfo(
+                run_id, socket.gethostname(), os.getpid(), coordinator.address.hostport, pipeline=config.name,
+                ping_key=coordinator.ping_key,
+            )  # fmt: skip
         # The take-over waits on Kafka and the build on Spark's JVM: at every start they overlap
         # (the take-over is ~0.1 s; on two busy cores the start gains less, 0.035 s median in
         # bench/NOTES.md). A take-over that only fences drivers which no longer answer is safe before
