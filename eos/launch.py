@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from eos.analysis import check_output_mode
 from eos.config import parse_duration
+from eos.driver import coordinator_for, take_over
 from eos.errors import CheckpointError, EosError
 from eos.pipeline import Connectors, replay_config
 from eos.protocol.committer import EpochCommitter
@@ -40,7 +41,6 @@ log = logging.getLogger("eos.launch")
 def launch(pipeline: Pipeline, options: StartOptions) -> EosQuery:
     from eos.observe.metrics import start_telemetry
     from eos.observe.progress import ProgressPrinter, SparkProgressBridge
-    from eos.runner import coordinator_for, take_over
 
     header, spark, checkpoint = pipeline.header, pipeline.spark, pipeline.checkpoint
     config = pipeline.config()
@@ -56,9 +56,12 @@ def launch(pipeline: Pipeline, options: StartOptions) -> EosQuery:
         state = ControlState()
         driver = None
         if header.exactly_once:
-            coordinator = coordinator_for(config, spark, {"pipeline": header.name, "run": pipeline.run_id})
+            # A sink's slots are its branch's partitions: the source's read tasks, or a shuffle's.
+            partitions = max(pipeline.parallelism, int(spark.conf.get("spark.sql.shuffle.partitions")))
+            identity = {"pipeline": header.name, "run": pipeline.run_id}
+            coordinator = coordinator_for(config, spark, identity, partitions * len(found.sinks))
             control = found.sources[0].control_log()
-            driver = pipeline.driver_identity(coordinator.address.hostport)
+            driver = pipeline.driver_identity(coordinator)
         # The take-over waits on Kafka and the union's plan on Spark's JVM: at every start they
         # overlap (the take-over is ~0.1 s; on two busy cores the start gains less, 0.035 s median in
         # bench/NOTES.md). A take-over that only fences drivers which no longer answer is safe before

@@ -389,10 +389,14 @@ class Pipeline:
         """The schema of each sink's rows, by sink (the replay identity of code-built transforms)."""
         return dict(self._inputs) if not self.transforms else {}
 
-    def driver_identity(self, address: str) -> Any:
+    def driver_identity(self, coordinator: Any) -> Any:
+        """What the control log records of this driver: how to ask it whether it still runs."""
         from eos.protocol.decision import DriverInfo
 
-        return DriverInfo(self.run_id, socket.gethostname(), os.getpid(), address)
+        return DriverInfo(
+            self.run_id, socket.gethostname(), os.getpid(), coordinator.address.hostport, pipeline=self.name,
+            ping_key=coordinator.ping_key,
+        )  # fmt: skip
 
     def close(self) -> None:
         for connector in [*self._sources, *(b.sink for b in self._branches + self._poison if b.sink)]:

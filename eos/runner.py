@@ -18,10 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from eos.config import PipelineConfig, load_pipeline
-from eos.errors import CheckpointError
+from eos.driver import take_over
 from eos.pipeline import connectors, pipeline_info
-from eos.protocol.coordinator import Coordinator, ping
-from eos.protocol.decision import ControlLog, ControlState, DriverInfo
 from eos.protocol.report import EpochListener
 from eos.query import STOP_MARKER, EosQuery, RunResult, StopRequested
 from eos.startup import check_changes_while_pending, describe_changes
@@ -51,38 +49,6 @@ class RunOptions:
     install_signal_handlers: bool = True
     take_over: bool = False  # fence a driver that still answers, instead of refusing to start
     finish_pending: bool = False  # replay the pending epoch, then stop
-
-
-# ---------------------------------------------------------------------------------------------
-# One driver
-# ---------------------------------------------------------------------------------------------
-
-
-def take_over(control: ControlLog, driver: DriverInfo, allow: bool) -> ControlState:
-    """Refuse to start while another driver of this pipeline answers (unless told to fence it);
-    then fence every earlier driver. Fencing is what keeps two drivers from both committing;
-    asking first turns an accidental second start into a clear error instead of a takeover."""
-    previous = control.previous_driver()
-    if previous is not None and previous.run != driver.run and not allow:
-        alive = ping(previous.address)
-        if alive is not None:
-            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(previous.started_at))
-            raise CheckpointError(
-                f"another eos driver is running this pipeline: pid {previous.pid} on {previous.host} (vote service "
-                f"{previous.address}, started {started}). Two drivers must never run one pipeline.",
-                hint="stop it first; or, if it is a stale process you cannot reach, start with --take-over (the "
-                "old driver is fenced: it can no longer commit and stops at its next epoch)",
-            )
-    return control.take_over(driver)
-
-
-def coordinator_for(config: PipelineConfig, spark: Any, identity: dict[str, Any]) -> Coordinator:
-    master = spark.sparkContext.master
-    host = config.coordinator.host
-    if host is None:
-        host = "127.0.0.1" if master.startswith("local") else spark.conf.get("spark.driver.host")
-    bind = "127.0.0.1" if host == "127.0.0.1" else "0.0.0.0"
-    return Coordinator(bind_host=bind, port=config.coordinator.port, advertise_host=host, identity=identity)
 
 
 # ---------------------------------------------------------------------------------------------

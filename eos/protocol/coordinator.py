@@ -8,49 +8,69 @@ JobManager role). It does three things:
   otherwise (the attempt failed, was superseded, or timed out). A stalled task of an aborted
   attempt that wakes up later is told `abort`; one whose driver died gets no answer at all: in
   neither case can it commit. Safety does not rest on this alone: recovery fences every
-  transactional id before a new attempt reads the ledger.
+  transactional id before a new attempt reads the ledger. A vote belongs to its connection:
+  only the connection that voted `prepared` for a transaction may report it `committed` or
+  `commit_failed`, and it may vote only with an id it leased itself; a second connection voting
+  for the same transaction fails the attempt (one of the two lies).
 - **Leases** of transactional identities. A sink's transactional ids are a numbered pool; the
   coordinator hands each slot an id its Python worker already holds idle (no `init_transactions`,
   no new producer: affinity between a producer and the process that keeps it), or else a free
   one to initialise. The pool only grows, and every growth is recorded durably (control log)
-  before the id is used, so recovery can fence every id that ever held a transaction.
+  before the id is used, so recovery can fence every id that ever held a transaction. One
+  attempt adds at most `max_new_ids` ids (NEW_IDS_PER_SLOT per slot): ids are fenced at every
+  recovery for ever, so a runaway task (or worse) cannot make every later start slow.
 - **Liveness.** A new driver asks the previous driver's service whether it still runs before it
-  takes the pipeline over (`ping`).
+  takes the pipeline over (`ping`): the answer proves it with the ping key recorded in the
+  control log, and tells anyone else nothing.
 
-Wire format: one JSON object per line each way. Requests (but `ping`) carry the run token, a
-secret of this driver run: votes from another run are refused. One round trip on loopback costs
+The wire (handshake, MACs, the line cap) is eos.protocol.channel. The service runs on one asyncio
+loop in a thread of its own, driven by callbacks (no task per connection or request: each costs a
+loop iteration): a connection costs a buffer of MAX_LINE bytes and no thread, a slot waiting for
+its decision is an entry in `_waiting`. What a peer can cost the driver is bounded:
+a line longer than MAX_LINE closes its connection; a peer has `hello_timeout_s` from connecting
+to its first authenticated request, and an authenticated one may stay idle up to the longest
+epoch timeout plus a minute (a slot leases, writes for up to the epoch's timeout, then votes;
+waiting for the decision is not reading); at most `max_connections` are open, and when a new one
+would exceed that the oldest not yet authenticated is closed. One round trip on loopback costs
 well under a millisecond (Spark's BarrierTaskContext.allGather polls once a second).
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
+import contextlib
 import logging
 import os
 import secrets
 import socket
-import socketserver
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from eos.protocol.channel import (
+    ABORT,
+    COMMIT,
+    MAX_LINE,
+    CoordinatorAddress,
+    Session,
+    new_key,
+    proof,
+    read_nonce,
+    service_hello,
+)
+
 log = logging.getLogger("eos.coordinator")
 
-COMMIT = "commit"
-ABORT = "abort"
-
-
-@dataclass(frozen=True)
-class CoordinatorAddress:
-    host: str
-    port: int
-    token: str
-
-    @property
-    def hostport(self) -> str:
-        return f"{self.host}:{self.port}"
+MAX_CONNECTIONS = 1024
+HELLO_TIMEOUT_S = 10.0
+IDLE_GRACE_S = 60.0
+PING = b'{"op": "ping"}'
+# Spark runs a task up to spark.task.maxFailures (4) times, and a speculative copy of each: every
+# one of them may need an id of its own while the failed one's stays busy until the attempt ends.
+NEW_IDS_PER_SLOT = 8
+MIN_NEW_IDS = 64  # a pipeline whose transforms repartition beyond its `slots` still fits
 
 
 @dataclass
@@ -65,6 +85,7 @@ class Vote:
     reason: str = ""
     committed: bool = False
     error: str = ""
+    connection: Any = field(default=None, repr=False, compare=False)  # the one that voted
 
 
 @dataclass
@@ -82,6 +103,7 @@ class AttemptState:
     votes: dict[tuple[str, str], Vote] = field(default_factory=dict)  # (sink, handle) -> vote
     released: set[tuple[str, str]] = field(default_factory=set)  # told to commit
     leases: dict[tuple[str, int], Pool] = field(default_factory=dict)  # granted in this attempt, from that pool
+    new_ids: int = 0  # ids this attempt added to the pools
     closed: str | None = None  # why the attempt ended; undecided votes are aborted
     opened_at: float = field(default_factory=time.monotonic)
 
@@ -94,65 +116,77 @@ class AttemptState:
 
 
 class Coordinator:
-    """The driver side. Thread-safe; serves on a background thread."""
+    """The driver side. Thread-safe: the driver's calls take `_lock`, and so does the service's
+    loop thread for each request (briefly; it never waits on it)."""
 
     def __init__(
         self,
-        bind_host: str = "0.0.0.0",
+        bind_host: str = "127.0.0.1",
         port: int = 0,
         advertise_host: str = "127.0.0.1",
         identity: dict[str, Any] | None = None,
+        slots: int = 0,
+        max_connections: int = MAX_CONNECTIONS,
+        hello_timeout_s: float = HELLO_TIMEOUT_S,
     ):
-        self.token = secrets.token_hex(16)
         self.identity = {"pid": os.getpid(), "host": socket.gethostname(), **(identity or {})}
+        self.ping_key = new_key()  # recorded in the control log: proves this driver is alive
+        self._key = new_key()  # the run key: reaches the tasks inside the EpochPlan, never the wire
         self._lock = threading.Condition()
         self._attempts: dict[tuple[int, int], AttemptState] = {}
         self._pools: dict[str, Pool] = {}
         self.on_grow: Callable[[dict[str, int]], None] | None = None  # records pool sizes durably
         self.grow_step = 4
-        coordinator = self
-
-        class Handler(socketserver.StreamRequestHandler):
-            def handle(self) -> None:
-                for line in self.rfile:
-                    try:
-                        reply = coordinator._handle(json.loads(line))
-                    except Exception as exc:  # a malformed request must not kill the service
-                        log.warning("vote service: bad request: %s", exc)
-                        reply = {"decision": ABORT, "error": f"bad request: {exc}"}
-                    self.wfile.write(json.dumps(reply).encode() + b"\n")
-                    self.wfile.flush()
-
-        class Server(socketserver.ThreadingTCPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        self._server = Server((bind_host, port), Handler)
-        self.address = CoordinatorAddress(advertise_host, self._server.server_address[1], self.token)
-        # serve_forever checks for shutdown() between polls: 0.5 s by default, paid at every stop
-        # (here ~5 ms on average, for ~100 idle wake-ups a second of a thread that does nothing).
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.01,), name="eos-coordinator", daemon=True
-        )
+        self.max_new_ids = max(MIN_NEW_IDS, NEW_IDS_PER_SLOT * slots)  # per attempt
+        self.max_connections = max_connections
+        self.hello_timeout_s = hello_timeout_s
+        self.idle_timeout_s = 300.0 + IDLE_GRACE_S  # raised to the longest epoch timeout + grace
+        # On the loop thread only:
+        self._open: set[_Connection] = set()
+        self._unproven: dict[_Connection, None] = {}  # not authenticated yet, oldest first
+        self._waiting: dict[tuple[int, int], dict[tuple[str, str], _Connection]] = {}  # attempt -> vote -> slot
+        self._warned: dict[str, tuple[float, int]] = {}  # kind -> (last logged, not logged since)
+        family = socket.getaddrinfo(bind_host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.create_server((bind_host, port), family=family, backlog=1024)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="eos-coordinator", daemon=True)
         self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(
+            self._loop.create_server(lambda: _Connection(self), sock=sock), self._loop
+        ).result()
+        self.address = CoordinatorAddress(advertise_host, sock.getsockname()[1], self._key)
 
     def close(self) -> None:
         with self._lock:
             for state in self._attempts.values():
                 state.closed = state.closed or "the driver stopped"
             self._lock.notify_all()
-        self._server.shutdown()
-        self._server.server_close()
+        if self._loop.is_closed():
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self._shut_down(), self._loop).result(timeout=5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    async def _shut_down(self) -> None:
+        """Stop listening and close every connection: a slot still waiting reads the end of its
+        connection, which means abort."""
+        self._server.close()
+        for connection in list(self._open):
+            connection.close()
 
     # -- driver API: attempts ----------------------------------------------------------------
     def open_attempt(self, epoch: int, attempt: int, timeout_s: float) -> AttemptState:
         with self._lock:
-            for old in self._attempts.values():  # only one attempt is ever current
+            for key, old in self._attempts.items():  # only one attempt is ever current
                 old.closed = old.closed or f"superseded by epoch {epoch} attempt {attempt}"
+                self._tell(key)
             self._attempts = {k: v for k, v in self._attempts.items() if k[0] >= epoch - 1}
             state = AttemptState(epoch, attempt, time.monotonic() + timeout_s)
             self._attempts[(epoch, attempt)] = state
-            self._lock.notify_all()
+            self.idle_timeout_s = max(self.idle_timeout_s, timeout_s + IDLE_GRACE_S)
             return state
 
     def release(self, epoch: int, attempt: int, keys: list[tuple[str, str]]) -> None:
@@ -160,7 +194,7 @@ class Coordinator:
         with self._lock:
             state = self._attempts[(epoch, attempt)]
             state.released.update(keys)
-            self._lock.notify_all()
+            self._tell((epoch, attempt), keys)
 
     def wait_committed(self, epoch: int, attempt: int, keys: list[tuple[str, str]], timeout_s: float) -> list[str]:
         """Wait until the owners of `keys` report their commit; returns the problems (empty: all
@@ -194,7 +228,7 @@ class Coordinator:
             if state is None:
                 return []
             state.closed = state.closed or reason
-            self._lock.notify_all()
+            self._tell((epoch, attempt))
             self._release_leases(state)
             strays = [v for k, v in state.votes.items() if k not in state.released]
             voted = {(v.sink, v.lease) for v in state.votes.values()}
@@ -219,13 +253,116 @@ class Coordinator:
         with self._lock:
             return {sink: pool.size for sink, pool in self._pools.items()}
 
-    # -- requests ----------------------------------------------------------------------------
-    def _handle(self, request: dict[str, Any]) -> dict[str, Any]:
+    # -- decisions reach the waiting slots -----------------------------------------------------
+    def _tell(self, attempt: tuple[int, int], keys: list[tuple[str, str]] | None = None) -> None:
+        """A decision changed (under `_lock`): wake the driver, and answer the slots waiting for it
+        (all of the attempt's, or those of `keys`) on the loop."""
+        self._lock.notify_all()
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self._loop.call_soon_threadsafe(self._answer_waiting, attempt, keys)
+
+    def _answer_waiting(self, attempt: tuple[int, int], keys: list[tuple[str, str]] | None) -> None:
+        waiting = self._waiting.get(attempt, {})
+        for key in list(waiting) if keys is None else [k for k in keys if k in waiting]:
+            connection = waiting[key]
+            assert connection.waiting is not None
+            with self._lock:
+                reply = self._decision(*connection.waiting)
+            if reply is not None:
+                del waiting[key]
+                connection.answer(reply)
+        if not waiting:
+            self._waiting.pop(attempt, None)
+
+    def _expire(self, attempt: tuple[int, int]) -> None:
+        with self._lock:
+            state = self._attempts.get(attempt)
+            if state is not None and state.closed is None:
+                state.closed = "timed out waiting for the decision"
+                self._lock.notify_all()
+        self._answer_waiting(attempt, None)
+
+    def _decision(self, state: AttemptState, vote: Vote) -> dict[str, Any] | None:
+        decision, reason = state.decision_for((vote.sink, vote.handle))
+        if decision is None:
+            return None
+        vote.decision, vote.reason = decision, reason
+        if decision == ABORT:
+            self._free(state, vote.sink, vote.lease)
+        return {"decision": decision, "reason": reason}
+
+    # -- connections (on the loop) -----------------------------------------------------------
+    def _admit(self, connection: _Connection) -> bool:
+        if len(self._open) >= self.max_connections:
+            oldest = next(iter(self._unproven), None)
+            if oldest is None:
+                self._warn("cap", f"{len(self._open)} connections are open, all authenticated, the most it keeps "
+                           f"(max_connections): refusing one from {connection.peer}")  # fmt: skip
+                connection.refuse("the vote service is at its connection cap")
+                return False
+            self._warn("cap", f"{len(self._open)} connections are open, the most it keeps (max_connections): "
+                       f"closing the oldest not yet authenticated, from {oldest.peer}")  # fmt: skip
+            oldest.close()
+        self._open.add(connection)
+        self._unproven[connection] = None
+        return True
+
+    def _gone(self, connection: _Connection) -> None:
+        self._open.discard(connection)
+        self._unproven.pop(connection, None)
+        if connection.waiting is not None:  # its slot is gone: nobody will report its commit
+            state, vote = connection.waiting
+            self._waiting.get((state.epoch, state.attempt), {}).pop((vote.sink, vote.handle), None)
+
+    def _warn(self, kind: str, message: str) -> None:
+        """A log line per kind at most every 10 s (a flood of bad connections must not flood the
+        log), saying how many were not logged."""
+        now = time.monotonic()
+        last, suppressed = self._warned.get(kind, (0.0, 0))
+        if now - last < 10:
+            self._warned[kind] = (last, suppressed + 1)
+            return
+        more = f" ({suppressed} more like it not logged)" if suppressed else ""
+        log.warning("vote service: %s%s", message, more)
+        self._warned[kind] = (now, 0)
+
+    def _line(self, connection: _Connection, line: bytes) -> None:
+        """One line from a peer: its hello, a ping, or an authenticated request."""
+        if connection.session is None:
+            peer_nonce = read_nonce(line)
+            if peer_nonce is None:
+                return connection.refuse("expected a hello")
+            connection.session = Session(self._key, connection.nonce, peer_nonce, b"S")
+            connection.peer_nonce = peer_nonce
+            return None
+        if connection in self._unproven and line.strip() == PING:
+            return connection.close(self._prove(connection.nonce, connection.peer_nonce))
+        try:
+            request = connection.session.open(line)
+        except ValueError:
+            request = None
+        if request is None:
+            self._warn("auth", f"refused a message from {connection.peer}: not authenticated by this run")
+            return connection.refuse("not authenticated by this run's key")
+        self._unproven.pop(connection, None)
+        try:
+            reply = self._handle(connection, request)
+        except Exception as exc:  # a malformed request must not kill the service
+            log.warning("vote service: bad request from %s: %s", connection.peer, exc)
+            reply = {"decision": ABORT, "error": f"bad request: {type(exc).__name__}: {exc}"}
+        if reply is not None:  # else it waits for the decision
+            connection.answer(reply)
+        return None
+
+    def _prove(self, nonce: bytes, peer_nonce: bytes) -> bytes:
+        """The answer to a ping: proves this is the driver recorded with this ping key, for this
+        pipeline and run, and says nothing else."""
+        pipeline, run = str(self.identity.get("pipeline", "")), str(self.identity.get("run", ""))
+        return b'{"proof": "%s"}\n' % proof(self.ping_key, nonce, peer_nonce, pipeline, run).encode()
+
+    # -- requests (on the loop) --------------------------------------------------------------
+    def _handle(self, connection: _Connection, request: dict[str, Any]) -> dict[str, Any] | None:
         op = request.get("op")
-        if op == "ping":
-            return {"alive": True, **self.identity}
-        if request.get("token") != self.token:
-            return {"decision": ABORT, "error": "unknown run (a stale task of another driver?)"}
         key = (int(request["epoch"]), int(request["attempt"]))
         with self._lock:
             state = self._attempts.get(key)
@@ -233,66 +370,98 @@ class Coordinator:
                 reason = state.closed if state else "is not current"
                 return {"decision": ABORT, "error": f"epoch {key[0]} attempt {key[1]}: {reason}"}
             if op == "lease":
-                return self._lease(state, request)
-            vote_key = (request["sink"], request["handle"])
-            if op == "prepared":
-                return self._await_decision(state, vote_key, request)
+                return self._lease(state, connection, request)
+            vote_key = (str(request["sink"]), str(request["handle"]))
             if op in ("committed", "commit_failed"):
-                vote = state.votes.get(vote_key)
-                if vote is not None:
-                    vote.committed = op == "committed"
-                    vote.error = request.get("error", "") if op == "commit_failed" else ""
-                    self._free(state, vote.sink, vote.lease)
-                self._lock.notify_all()
-                return {"ok": True}
-        return {"decision": ABORT, "error": f"unexpected request {op!r}"}
+                return self._report(state, connection, vote_key, op, request)
+            if op != "prepared":
+                return {"decision": ABORT, "error": f"unexpected request {op!r}"}
+            vote, refused = self._vote(state, connection, vote_key, request)
+            if refused:
+                return {"decision": ABORT, "error": refused}
+            reply = self._decision(state, vote)
+            if reply is not None:
+                return reply
+        # Waiting for the decision is no read: no timeout but the attempt's own.
+        connection.wait(state, vote, state.deadline - time.monotonic())
+        self._waiting.setdefault(key, {})[vote_key] = connection
+        return None
 
-    def _await_decision(self, state: AttemptState, key: tuple[str, str], request: dict[str, Any]) -> dict[str, Any]:
+    def _vote(
+        self, state: AttemptState, connection: _Connection, key: tuple[str, str], request: dict[str, Any]
+    ) -> tuple[Vote, str]:
+        lease = request.get("lease")
+        lease = None if lease is None else int(lease)
         vote = Vote(
-            int(request["slot"]), key[0], key[1], request.get("lease"), int(request.get("task_attempt", 0)),
-            int(request.get("records", 0)),
+            int(request["slot"]), key[0], key[1], lease, int(request.get("task_attempt", 0)),
+            int(request.get("records", 0)), connection=connection,
         )  # fmt: skip
+        if key in state.votes:
+            # Two connections claim one transaction: one of them lies. The driver must not take
+            # either's word that it committed: the attempt fails (and is replayed) instead.
+            state.votes[key].error = state.votes[key].error or "two connections voted prepared for it"
+            self._lock.notify_all()
+            return vote, f"{key[0]} {key[1]}: already voted on another connection"
+        if lease is not None and (state.epoch, state.attempt, key[0], lease) not in connection.leases:
+            return vote, f"{key[0]}: id {lease} was not leased on this connection"
         state.votes[key] = vote
         self._lock.notify_all()
-        while True:
-            decision, reason = state.decision_for(key)
-            if decision is not None:
-                vote.decision, vote.reason = decision, reason
-                if decision == ABORT:
-                    self._free(state, vote.sink, vote.lease)
-                return {"decision": decision, "reason": reason}
-            remaining = state.deadline - time.monotonic()
-            if remaining <= 0:
-                state.closed = state.closed or "timed out waiting for the decision"
-                continue
-            self._lock.wait(remaining)
+        return vote, ""
 
-    def _lease(self, state: AttemptState, request: dict[str, Any]) -> dict[str, Any]:
-        sink, worker = request["sink"], request["worker"]
+    def _report(
+        self, state: AttemptState, connection: _Connection, key: tuple[str, str], op: str, request: dict[str, Any]
+    ) -> dict[str, Any]:
+        vote = state.votes.get(key)
+        if vote is None or vote.connection is not connection:
+            self._warn("report", f"refused `{op}` for {key[0]} {key[1]} from {connection.peer}: it did not vote")
+            return {"ok": False, "error": f"{key[0]} {key[1]}: not voted on this connection"}
+        vote.committed = op == "committed"
+        if op == "commit_failed":
+            vote.error = str(request.get("error", ""))[:500]
+        self._free(state, vote.sink, vote.lease)
+        self._lock.notify_all()
+        return {"ok": True}
+
+    def _lease(self, state: AttemptState, connection: _Connection, request: dict[str, Any]) -> dict[str, Any]:
+        sink, worker = str(request["sink"]), str(request["worker"])
         pool = self._pools.setdefault(sink, Pool())
         idle = [int(n) for n in request.get("idle", [])]
         stale = [n for n in idle if pool.owner.get(n) != worker]
         for n in idle:
             if n not in stale and n not in pool.busy:
-                pool.busy.add(n)
-                state.leases[(sink, n)] = pool
-                return {"number": n, "fresh": False, "stale": stale}
+                return self._grant(state, connection, sink, pool, n, fresh=False, stale=stale)
         free = [n for n in range(pool.size) if n not in pool.busy]
         unowned = [n for n in free if n not in pool.owner]
         if not free:
-            grown = {**self.pool_sizes_unlocked(), sink: pool.size + self.grow_step}
+            if state.new_ids + self.grow_step > self.max_new_ids:
+                self._warn("lease", f"refused a lease for {sink} from {connection.peer}: the attempt added "
+                           f"{state.new_ids} ids already")  # fmt: skip
+                return {
+                    "error": f"epoch {state.epoch} attempt {state.attempt} already added {state.new_ids} transactional "
+                    f"ids to the pools, the most one attempt may add (max_new_ids: {self.max_new_ids}); recovery "
+                    "fences every id ever used, so the pools do not grow without bound"
+                }
+            grown = {**self._sizes(), sink: pool.size + self.grow_step}
             if self.on_grow is not None:
                 self.on_grow(grown)  # durable before any new id is used; raises if fenced
             free = list(range(pool.size, pool.size + self.grow_step))
             pool.size += self.grow_step
+            state.new_ids += self.grow_step
             unowned = free
         number = (unowned or free)[0]
         pool.owner[number] = worker
+        return self._grant(state, connection, sink, pool, number, fresh=True, stale=stale)
+
+    def _grant(
+        self, state: AttemptState, connection: _Connection, sink: str, pool: Pool, number: int, fresh: bool,
+        stale: list[int],
+    ) -> dict[str, Any]:  # fmt: skip
         pool.busy.add(number)
         state.leases[(sink, number)] = pool
-        return {"number": number, "fresh": True, "stale": stale}
+        connection.leases.add((state.epoch, state.attempt, sink, number))
+        return {"number": number, "fresh": fresh, "stale": stale}
 
-    def pool_sizes_unlocked(self) -> dict[str, int]:
+    def _sizes(self) -> dict[str, int]:
         return {sink: pool.size for sink, pool in self._pools.items()}
 
     def _free(self, state: AttemptState, sink: str, lease: int | None) -> None:
@@ -310,54 +479,123 @@ class Coordinator:
             self._free(state, sink, number)
 
 
-# ---------------------------------------------------------------------------------------------
-# Task side
-# ---------------------------------------------------------------------------------------------
+class _Connection(asyncio.BufferedProtocol):
+    """One peer of the service, driven by the loop's callbacks (no thread, no task). It reads into
+    one buffer of MAX_LINE bytes: a line that does not fit closes the connection, so a peer never
+    makes the driver hold more than that. Requests are answered in order, one at a time: while a
+    `prepared` vote waits for its decision, later lines wait in the buffer."""
 
+    def __init__(self, service: Coordinator):
+        self.service = service
+        self.loop = service._loop
+        self.buffer = bytearray(MAX_LINE)
+        self.start = self.end = 0  # unread bytes: buffer[start:end]
+        self.transport: Any = None
+        self.peer = "?"
+        self.nonce = secrets.token_bytes(16)
+        self.peer_nonce = b""
+        self.session: Session | None = None
+        self.leases: set[tuple[int, int, str, int]] = set()  # (epoch, attempt, sink, id) leased here
+        self.waiting: tuple[AttemptState, Vote] | None = None  # a `prepared` vote without its decision yet
+        self.deadline = 0.0  # for the next line (loop time)
+        self.timer: asyncio.TimerHandle | None = None  # reading (moved lazily, see expect_within)
+        self.expiry: asyncio.TimerHandle | None = None  # the waiting vote's attempt times out
+        self.closed = False
 
-class VoteClient:
-    """One connection from a slot to the coordinator."""
+    # -- asyncio's callbacks -------------------------------------------------------------------
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if self.service._admit(self):
+            transport.write(service_hello(self.nonce))
+            self.expect_within(self.service.hello_timeout_s)  # hello and first request
 
-    def __init__(self, address: CoordinatorAddress, epoch: int, attempt: int, timeout_s: float):
-        self.address, self.epoch, self.attempt, self.timeout_s = address, epoch, attempt, timeout_s
-        self._sock: socket.socket | None = None
-        self._file: Any = None
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self.start:  # move what is unread to the front
+            self.buffer[: self.end - self.start] = self.buffer[self.start : self.end]
+            self.end -= self.start
+            self.start = 0
+        return memoryview(self.buffer)[self.end :]
 
-    def request(self, op: str, **fields: Any) -> dict[str, Any]:
-        message = {"op": op, "token": self.address.token, "epoch": self.epoch, "attempt": self.attempt, **fields}
-        try:
-            if self._sock is None:
-                self._sock = socket.create_connection((self.address.host, self.address.port), timeout=10)
-                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self._file = self._sock.makefile("rwb")
-            self._sock.settimeout(self.timeout_s + 10)
-            self._file.write(json.dumps(message).encode() + b"\n")
-            self._file.flush()
-            line = self._file.readline()
-        except OSError as exc:
-            return {"decision": ABORT, "error": f"vote service unreachable: {exc}"}
-        if not line:
-            return {"decision": ABORT, "error": "the vote service closed the connection"}
-        return json.loads(line)
-
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
-
-def ping(hostport: str, timeout_s: float = 3.0) -> dict[str, Any] | None:
-    """Whether a driver's vote service answers at host:port (its identity), else None."""
-    host, _, port = hostport.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
-            sock.settimeout(timeout_s)
-            sock.sendall(b'{"op": "ping"}\n')
-            line = sock.makefile("rb").readline()
-    except (OSError, ValueError):
+    def buffer_updated(self, nbytes: int) -> None:
+        self.end += nbytes
+        self.read_lines()
+        if not self.closed and self.end - self.start == len(self.buffer):
+            if self.buffer.find(b"\n", self.start, self.end) < 0:
+                self.service._warn("long", f"closed a connection from {self.peer}: a line longer than {MAX_LINE} bytes")
+                return self.refuse(f"a line longer than {MAX_LINE} bytes")
+            self.transport.pause_reading()  # full of lines behind a vote: read on once it is answered
         return None
-    try:
-        reply = json.loads(line)
-    except json.JSONDecodeError:
+
+    def eof_received(self) -> bool:
+        return False  # close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.buffer = bytearray()  # its vote keeps this object as long as the attempt is kept
+        self.start = self.end = 0
+        for timer in (self.timer, self.expiry):
+            if timer is not None:
+                timer.cancel()
+        self.service._gone(self)
+
+    # -- the service's side --------------------------------------------------------------------
+    def read_lines(self) -> None:
+        while self.waiting is None and not self.closed:
+            newline = self.buffer.find(b"\n", self.start, self.end)
+            if newline < 0:
+                return
+            line = bytes(self.buffer[self.start : newline + 1])
+            self.start = newline + 1
+            self.service._line(self, line)
+
+    def wait(self, state: AttemptState, vote: Vote, timeout_s: float) -> None:
+        self.waiting = (state, vote)
+        self.expiry = self.loop.call_later(max(0.0, timeout_s), self.service._expire, (state.epoch, state.attempt))
+
+    def answer(self, reply: dict[str, Any]) -> None:
+        assert self.session is not None
+        if self.closed:
+            return
+        self.transport.write(self.session.seal(reply))
+        if self.transport.get_write_buffer_size() > MAX_LINE:  # it sends and never reads
+            return self.close()
+        self.expect_within(self.service.idle_timeout_s)
+        if self.waiting is not None:
+            self.waiting = None
+            if self.expiry is not None:
+                self.expiry.cancel()
+                self.expiry = None
+            self.transport.resume_reading()
+            self.read_lines()
         return None
-    return reply if reply.get("alive") else None
+
+    def expect_within(self, seconds: float) -> None:
+        """The next line must arrive within `seconds`: one timer, moved only when it fires."""
+        self.deadline = self.loop.time() + seconds
+        if self.timer is None:
+            self.timer = self.loop.call_at(self.deadline, self._check_time)
+
+    def _check_time(self) -> None:
+        self.timer = None
+        if self.closed or self.waiting is not None:  # waiting for a decision is no read: answer() moves it
+            return
+        if self.loop.time() < self.deadline:
+            self.timer = self.loop.call_at(self.deadline, self._check_time)
+            return
+        self.service._warn("idle", f"closed a connection from {self.peer}: nothing to read in time")
+        self.close()
+
+    def refuse(self, why: str) -> None:
+        """An unauthenticated refusal: it can only make the peer abort."""
+        self.close(b'{"error": "refused: %s"}\n' % why.encode())
+
+    def close(self, last: bytes = b"") -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if last:
+            self.transport.write(last)
+        self.transport.close()
+        self.service._gone(self)  # now: no longer counted while the transport finishes closing

@@ -15,9 +15,10 @@ Why the decision must be durable and fenced:
   a driver whose skip set is stale writes an epoch again, but it can no longer record a
   decision once a newer driver took over, so nothing it wrote is ever committed.
 
-Records written here: the driver that took over (host, pid, vote-service address: a new driver
-first asks it whether it is still alive), the decision of each epoch attempt, and the size of
-each sink's pool of transactional ids (so recovery can fence all of them).
+Records written here: the driver that took over (host, pid, vote-service address, and the key
+with which that service proves it is this driver: a new driver first asks it whether it is still
+alive), the decision of each epoch attempt, and the size of each sink's pool of transactional ids
+(so recovery can fence all of them).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ class DriverInfo:
     pid: int
     address: str  # host:port of its vote service
     started_at: float = field(default_factory=time.time)
+    pipeline: str = ""
+    # The secret with which its vote service proves it is this driver when pinged
+    # (eos.protocol.channel.ping). It opens nothing: it can only make a new driver wait.
+    ping_key: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eos.failpoints import DISARMED, Failpoints
-from eos.protocol.coordinator import CoordinatorAddress
+from eos.protocol.channel import CoordinatorAddress
 from eos.protocol.sink import PipelineInfo, WriterFactory
 
 SINK_TAG = "_eos_sink"
@@ -52,7 +52,7 @@ class EpochPlan:
     config: str  # digest of the replay config
     sinks: tuple[SinkPlan, ...]
     skip: frozenset[tuple[str, int]]  # (sink, slot) that already committed this epoch
-    coordinator: CoordinatorAddress | None
+    coordinator: CoordinatorAddress | None  # with the run key (the vote service's MACs): never logged
     timeout_s: float
     failpoints: Failpoints = DISARMED
 

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from eos.errors import SlotAborted, crossing
-from eos.protocol.coordinator import COMMIT, VoteClient
+from eos.protocol.channel import COMMIT, MAX_IDLE, VoteClient
 from eos.protocol.ledger import LedgerEntry
 from eos.protocol.plan import SINK_TAG, EpochPlan, SinkPlan, sink_column
 from eos.protocol.report import SinkWork, SlotReport
@@ -59,7 +59,9 @@ class TaskContext(SlotContext):
             raise SlotAborted(f"sink {self.sink}: transactional ids need the vote service (exactly-once mode)")
         started = time.perf_counter()
         self.vote = self.vote or VoteClient(self.plan.coordinator, self.epoch, self.attempt, self.plan.timeout_s)
-        reply = self.vote.request("lease", sink=self.sink, slot=self.slot, worker=self.worker, idle=idle)
+        # Ids not offered stay this worker's until another lease takes one (then it learns it is stale).
+        offered = idle[:MAX_IDLE]
+        reply = self.vote.request("lease", sink=self.sink, slot=self.slot, worker=self.worker, idle=offered)
         self.lease_s += time.perf_counter() - started
         if "number" not in reply:
             raise SlotAborted(f"sink {self.sink} slot {self.slot}: no transactional id granted: {reply.get('error')}")

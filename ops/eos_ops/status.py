@@ -45,8 +45,8 @@ from eos.errors import CheckpointError, EosError
 from eos.observe.lag import committed_lines, source_lag
 from eos.pipeline import Connectors, connectors, pipeline_info
 from eos.protocol import recovery
+from eos.protocol.channel import Liveness, ping
 from eos.protocol.checkpoint import Checkpoint, CheckpointMeta, is_local
-from eos.protocol.coordinator import ping
 from eos.protocol.decision import Decision, DriverInfo, Pool, decode
 from eos.protocol.sink import SinkConnector
 from eos_ops.java_client import NoJavaEquivalent, write_command_config
@@ -205,10 +205,15 @@ def read_control(found: Connectors) -> dict[str, Any]:
         control.close()
 
 
+def _public(driver: DriverInfo) -> dict[str, Any]:
+    """The recorded driver without its ping key (a secret: it would let anyone pose as that driver)."""
+    return {k: v for k, v in asdict(driver).items() if k != "ping_key"}
+
+
 def control_status(control: dict[str, Any]) -> dict[str, Any]:
     driver: DriverInfo | None = control.get("driver")
-    answer = ping(driver.address) if driver is not None else None
-    answers = answer is not None and answer.get("run") in (None, driver.run)  # type: ignore[union-attr]
+    # Only the recorded driver can prove it answers (another process may hold its port now).
+    answers = driver is not None and ping(driver) is Liveness.ALIVE
     decision: Decision | None = control.get("decision")
     summary = None
     if decision is not None:
@@ -224,7 +229,7 @@ def control_status(control: dict[str, Any]) -> dict[str, Any]:
         "where": control["where"],
         "exists": control["exists"],
         "open_transaction": control["open"],
-        "driver": {**asdict(driver), "answers": answers} if driver is not None else None,
+        "driver": {**_public(driver), "answers": answers} if driver is not None else None,
         "decision": summary,
         "pools": pools,
     }

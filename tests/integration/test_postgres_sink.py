@@ -282,9 +282,12 @@ def test_lingering_prepared_transactions_and_cleanup(bootstrap, new_topic, uniqu
 
         # The pipeline's control log: a driver that answers (a live vote service), and a decision.
         control = found.sources[0].control_log()
-        coordinator = Coordinator(bind_host="127.0.0.1", advertise_host="127.0.0.1")
+        coordinator = Coordinator(identity={"pipeline": name, "run": "live"})
         try:
-            control.take_over(DriverInfo("live", socket.gethostname(), 1, coordinator.address.hostport))
+            control.take_over(
+                DriverInfo("live", socket.gethostname(), 1, coordinator.address.hostport, pipeline=name,
+                           ping_key=coordinator.ping_key)
+            )  # fmt: skip
             control.record_decision(Decision(4, 1, "run0", {"db": [decided]}))
             with pytest.raises(CheckpointError, match="another eos driver is running this pipeline"):
                 cleanup(path)

@@ -13,7 +13,8 @@ import time
 
 from eos.observe.progress import ProgressPrinter
 from eos.observe.tracker import BETWEEN, COMMIT, DECIDE, MARK_COMMITTED, RECOVERING, WRITE, EpochTracker
-from eos.protocol.coordinator import Coordinator, VoteClient
+from eos.protocol.channel import VoteClient
+from eos.protocol.coordinator import Coordinator
 from eos.protocol.ledger import LedgerEntry
 from eos.protocol.report import EpochReport, RecoveryReport, SinkWork, SlotReport
 from eos.protocol.sink import Prepared
@@ -66,8 +67,9 @@ def test_tracker_follows_the_protocol_through_the_coordinator():
         tracker.on_epoch_start(7, 1)
         assert tracker.phase().name == WRITE and tracker.phase().prepared == 0
         # A slot pre-committed and votes prepared; its thread waits for the decision.
-        voter = VoteClient(coordinator.address, 7, 1, 30)
-        vote = {"sink": "out", "handle": "eos/p/out/0", "slot": 0, "task_attempt": 0, "lease": 0}
+        voter = VoteClient(coordinator.address, 7, 1, 30)  # it votes with the id it leased on its connection
+        lease = voter.request("lease", sink="out", slot=0, worker="w", idle=[])["number"]
+        vote = {"sink": "out", "handle": "eos/p/out/0", "slot": 0, "task_attempt": 0, "lease": lease}
         decisions: list[dict] = []
         waiting = threading.Thread(target=lambda: decisions.append(voter.request("prepared", **vote)))
         waiting.start()

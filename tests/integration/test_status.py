@@ -73,6 +73,7 @@ def test_status_while_running_and_stopped_matches_checkpoint_control_log_ledger_
     assert during.error is None and during.report is not None, during.error
     running = during.report
     assert running["running"] and running["control"]["driver"]["answers"]
+    assert "ping_key" not in running["control"]["driver"]  # the driver's proof of life is a secret
     assert running["control"]["driver"]["pid"] == os.getpid()
     assert running["checkpoint"]["last_committed_epoch"] >= 0
     assert during.fence_refused and "driver answers" in during.fence_refused

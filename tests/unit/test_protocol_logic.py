@@ -9,7 +9,9 @@ import threading
 import pytest
 
 from eos.errors import CheckpointError, DependencyUnavailable, PoisonRecord, TaskError, crossing, from_spark, to_wire
-from eos.protocol.coordinator import ABORT, COMMIT, Coordinator, VoteClient, ping
+from eos.protocol.channel import ABORT, COMMIT, Liveness, VoteClient, ping
+from eos.protocol.coordinator import Coordinator
+from eos.protocol.decision import DriverInfo
 from eos.protocol.ledger import LedgerEntry, check_against_checkpoint, committed_slots
 from eos.startup import describe_changes
 from eos_connectors.kafka import ids
@@ -78,7 +80,7 @@ def test_config_changes_are_described_field_by_field():
 
 @pytest.fixture
 def coordinator():
-    service = Coordinator(bind_host="127.0.0.1", advertise_host="127.0.0.1", identity={"pipeline": "p"})
+    service = Coordinator(bind_host="127.0.0.1", advertise_host="127.0.0.1", identity={"pipeline": "p", "run": "r"})
     yield service
     service.close()
 
@@ -105,7 +107,7 @@ def test_leases_reuse_a_workers_idle_id_and_record_growth_first(coordinator):
     again = VoteClient(coordinator.address, 2, 1, 30)
     assert again.request("lease", sink="out", slot=0, worker="w1", idle=[0, 2])["fresh"]  # not owned since the fence
     owned = again.request("lease", sink="out", slot=1, worker="w1", idle=[])
-    _vote_and_commit(coordinator, 2, 1, "h-owned", owned["number"])
+    _vote_and_commit(coordinator, again, "h-owned", owned["number"])
     strays = coordinator.close_attempt(2, 1, "finished")
     # The first id of attempt 2 was leased but never voted on: it is handed back to be fenced.
     assert [(v.sink, v.handle, v.lease) for v in strays] == [("out", "", 0)]
@@ -117,18 +119,20 @@ def test_leases_reuse_a_workers_idle_id_and_record_growth_first(coordinator):
     assert owned["number"] in stolen["stale"]  # w2 no longer owns it: it must close its producer
 
 
-def _vote_and_commit(coordinator, epoch: int, attempt: int, handle: str, lease: int) -> None:
-    """What a slot's commit thread does: vote prepared, wait, commit, report."""
+def _vote_and_commit(coordinator, client: VoteClient, handle: str, lease: int) -> None:
+    """What a slot's commit thread does, on the connection that leased the id: vote prepared,
+    wait, commit, report."""
+    epoch, attempt = client.epoch, client.attempt
 
     def owner() -> None:
-        client = VoteClient(coordinator.address, epoch, attempt, 30)
         if client.request("prepared", sink="out", handle=handle, slot=0, lease=lease)["decision"] == COMMIT:
             client.request("committed", sink="out", handle=handle, slot=0, lease=lease)
 
     thread = threading.Thread(target=owner)
     thread.start()
+    waited = threading.Event()
     while not coordinator.votes(epoch, attempt):
-        threading.Event().wait(0.02)
+        assert not waited.wait(0.02) and thread.is_alive(), "the vote was not recorded"
     coordinator.release(epoch, attempt, [("out", handle)])
     assert coordinator.wait_committed(epoch, attempt, [("out", handle)], 10) == []
     thread.join(10)
@@ -165,9 +169,9 @@ def test_a_vote_from_another_run_is_refused_and_ping_answers(coordinator):
     coordinator.open_attempt(1, 1, 30)
     stranger = VoteClient(coordinator.address.__class__("127.0.0.1", coordinator.address.port, "x"), 1, 1, 30)
     assert stranger.request("prepared", sink="out", handle="h", slot=0)["decision"] == ABORT
-    alive = ping(coordinator.address.hostport)
-    assert alive is not None and alive["pipeline"] == "p"
-    assert ping("127.0.0.1:1") is None
+    me = DriverInfo("r", "h", 1, coordinator.address.hostport, pipeline="p", ping_key=coordinator.ping_key)
+    assert ping(me) is Liveness.ALIVE
+    assert ping(DriverInfo("r", "h", 1, "127.0.0.1:1", pipeline="p", ping_key=coordinator.ping_key)) is Liveness.SILENT
 
 
 def test_a_failed_attempt_names_the_python_exception_spark_quotes():

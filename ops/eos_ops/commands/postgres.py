@@ -87,7 +87,7 @@ def cleanup(path: Path, take_over: bool = False) -> int:
     from eos.pipeline import connectors, pipeline_info
     from eos.protocol.checkpoint import Checkpoint
     from eos.protocol.decision import DriverInfo
-    from eos.runner import take_over as take_pipeline_over
+    from eos.driver import take_over as take_pipeline_over
     from eos_connectors.postgres.db import first_line
     from eos_connectors.postgres.sink import PostgresSink, prepared_xacts, resolve_prepared
 

@@ -28,7 +28,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     from eos.protocol import recovery
     from eos.protocol.checkpoint import DELETABLE, Checkpoint, is_local, unsafe_location
     from eos.protocol.decision import DriverInfo
-    from eos.runner import take_over
+    from eos.driver import take_over
     from eos.sparksession import build_spark
 
     config = load_pipeline(args.pipeline)
