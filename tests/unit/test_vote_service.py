@@ -25,11 +25,11 @@ from types import SimpleNamespace
 import pytest
 
 from eos.config import CoordinatorConfig
+from eos.driver import coordinator_for, take_over
 from eos.errors import CheckpointError, ConfigError
 from eos.protocol.channel import COMMIT, CoordinatorAddress, Liveness, VoteClient, new_key, peer_hello, ping
 from eos.protocol.coordinator import Coordinator
 from eos.protocol.decision import ControlLog, ControlState, Decision, DriverInfo, Pool
-from eos.driver import coordinator_for, take_over
 
 PIPELINE, RUN = "orders-pipeline", "5f3c9a7e21b4"
 HANDLE = "eos/orders-pipeline/out/0"

@@ -83,11 +83,11 @@ def cleanup(path: Path, take_over: bool = False) -> int:
     import psycopg
 
     from eos.config import load_pipeline
+    from eos.driver import take_over as take_pipeline_over
     from eos.errors import ConfigError, EnvironmentProblem
     from eos.pipeline import connectors, pipeline_info
     from eos.protocol.checkpoint import Checkpoint
     from eos.protocol.decision import DriverInfo
-    from eos.driver import take_over as take_pipeline_over
     from eos_connectors.postgres.db import first_line
     from eos_connectors.postgres.sink import PostgresSink, prepared_xacts, resolve_prepared
 

@@ -23,12 +23,12 @@ from pathlib import Path
 
 def cmd_reset(args: argparse.Namespace) -> int:
     from eos.config import load_pipeline
+    from eos.driver import take_over
     from eos.errors import ConfigError
     from eos.pipeline import connectors, pipeline_info
     from eos.protocol import recovery
     from eos.protocol.checkpoint import DELETABLE, Checkpoint, is_local, unsafe_location
     from eos.protocol.decision import DriverInfo
-    from eos.driver import take_over
     from eos.sparksession import build_spark
 
     config = load_pipeline(args.pipeline)
