@@ -28,8 +28,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     _say(f"Submit with: {' '.join(cluster.submit_command('APP.py'))}")
     _say(
         f"Applications must authenticate: the secret is in {cluster.submit_properties} (readable by you only). "
-        "`eos run --master` takes it as spark.authenticate: \"true\" and spark.authenticate.secret: "
-        "\"${VAR}\" in the pipeline's spark.conf."
+        '`eos run --master` takes it as spark.authenticate: "true" and spark.authenticate.secret: '
+        '"${VAR}" in the pipeline\'s spark.conf.'
     )
     print(cluster.master_url)
     return 0
