@@ -392,6 +392,41 @@ def test_no_canary_anywhere_after_a_crash_and_recovery(
     assert bound and set(bound) <= {"0100007F", "00000000000000000000000001000000"}, bound
 
 
+def test_the_errors_of_a_wrong_kafka_password_do_not_show_it(secure_kafka, unique_name, tmp_path, monkeypatch, caplog):
+    """On the secured broker (SASL_SSL, SCRAM-SHA-512): the start-up checks of a source and a
+    sink whose Kafka password is wrong fail, and neither their errors nor anything logged
+    meanwhile shows the password. (The right password reaches the broker: the failure is the
+    password's.)"""
+    from eos_connectors.kafka.clients import admin_client
+
+    user = unique_name("leak")
+    settings = secure_kafka.settings(user)  # a real user, whose real password the pipeline lacks
+    assert admin_client(settings).list_topics(timeout=30).brokers
+    wrong = make_canaries()["LEAK_PG_WRONG"].replace("Pg", "Kafka")
+    monkeypatch.setenv("LEAK_KAFKA_WRONG", wrong)
+    monkeypatch.setenv("EOS_STARTUP_ATTEMPTS", "1")
+    client = {k: v for k, v in settings.items() if k != "bootstrap.servers"} | {"sasl.password": "${LEAK_KAFKA_WRONG}"}
+    kafka = {"bootstrap": secure_kafka.bootstrap, "config": client}
+    config = {
+        "name": unique_name("p"),
+        "checkpoint": str(tmp_path / "checkpoint"),
+        "sources": [{"name": "events", "kafka": {**kafka, "topics": ["t"]}}],
+        "sinks": [{"name": "out", "kafka": {**kafka, "topic": "o"}}],
+    }
+    from eos.config import load_pipeline
+
+    loaded = load_pipeline(write_pipeline(tmp_path, config))
+    found = connectors(loaded, pipeline_info(loaded, "x", tmp_path))
+    outputs = {}
+    for connector in (found.sources[0], found.sinks[0]):
+        with pytest.raises(Exception) as raised:  # whichever error it is, its text is scanned
+            connector.check(None)
+        outputs[f"{connector.name}: check"] = "".join(traceback.format_exception(raised.value))
+    outputs["logged"] = caplog.text
+    found_in = {what: hits(text, {"LEAK_KAFKA_WRONG": wrong}) for what, text in outputs.items()}
+    assert not any(found_in.values()), found_in
+
+
 # ---------------------------------------------------------------------------------------------
 # Without servers
 # ---------------------------------------------------------------------------------------------
