@@ -149,7 +149,8 @@ def compiled_spark_home(python: str | None) -> Path | None:
         return mirror
     if os.path.lexists(mirror):  # not what eos makes (any more): set aside and deleted, made again
         stale = mirror.with_name(f".{mirror.name}.{os.getpid()}.stale")
-        mirror.rename(stale)
+        with contextlib.suppress(FileNotFoundError):  # another process set it aside first
+            mirror.rename(stale)
         shutil.rmtree(stale, ignore_errors=True)
     partial = mirror.with_name(f"{mirror.name}.{os.getpid()}.partial")
     try:

@@ -1,6 +1,7 @@
 """No secret leaks, anywhere (docs/SECURITY.md): a distinct canary secret in every secret-bearing
-field of a pipeline, a run killed with kill -9 and its recovery, then every place a secret could
-reach is scanned, and no canary may be found:
+field of a pipeline, a run killed with kill -9 once an epoch's commit is decided, and its recovery
+with every credential rotated (which must not count as a config change), then every place a
+secret could reach is scanned, and no canary may be found:
 
 - every process's command line (/proc/*/cmdline), sampled throughout both runs;
 - the runs' output (eos's and Spark's logs: local mode logs to the driver's stderr), the broker's
@@ -43,14 +44,14 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from eos.cli import main as eos_main
-from eos.config import parse_pipeline
+from eos.config import load_pipeline, parse_pipeline
 from eos.model import redacted
 from eos.pipeline import connectors, pipeline_info, replay_config
 from eos.protocol.plan import digest
 from eos_connectors.kafka.control import KafkaControlLog
 from eos_connectors.kafka.reader import ReaderOptions
 from eos_connectors.kafka.sink import KafkaWriterFactory
-from tests.pipelines import ROOT, produce_numbered, write_pipeline
+from tests.pipelines import ROOT, assert_exactly_once, committed_values, produce_numbered, write_pipeline
 
 RECORDS, PER_EPOCH = 300, 100  # three epochs; run 1 is killed in epoch 1
 
@@ -217,14 +218,20 @@ def _wait(check, timeout: float, what: str, proc: subprocess.Popen | None = None
 
 @pytest.fixture
 def pg_role(postgres: str):
-    """A role of its own whose password is a canary, with a schema it owns; (dsn fields, cleanup)."""
+    """A role of its own, with a schema it owns: (its dsn fields but the password, a function that
+    sets its password)."""
     fields = conninfo_to_dict(postgres)
     admin = make_conninfo(**{**fields, "user": "postgres"})
-    role, password = f"leak_{uuid.uuid4().hex[:8]}", make_canaries()["LEAK_PG_PASSWORD"]
+    role = f"leak_{uuid.uuid4().hex[:8]}"
+
+    def set_password(password: str) -> None:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
+
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
         conn.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(sql.Identifier(role), sql.Identifier(role)))
-    yield {**fields, "user": role}, password
+    yield {**{k: v for k, v in fields.items() if k != "password"}, "user": role}, set_password
     with psycopg.connect(admin, autocommit=True) as conn:
         for gid in [r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE owner = %s", [role])]:
             conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
@@ -299,33 +306,39 @@ def _count(dsn: str, table: str) -> int:
 def test_no_canary_anywhere_after_a_crash_and_recovery(
     kafka, bootstrap, new_topic, pg_role, tmp_path, monkeypatch
 ) -> None:
+    """The second run has new credentials everywhere (the PostgreSQL role's password changed
+    meanwhile): a rotation is not a config change, although the epoch it replays was decided."""
     started = time.time()
-    pg, pg_password = pg_role
-    canaries = {**make_canaries(), "LEAK_PG_PASSWORD": pg_password}
-    for name, canary in canaries.items():
-        monkeypatch.setenv(name, canary)  # for the commands run in this process
+    pg, set_pg_password = pg_role
+    first, second = make_canaries(), make_canaries()  # run 1's credentials, then rotated ones
+    set_pg_password(first["LEAK_PG_PASSWORD"])
+    canaries = {**{f"{k} (run 1)": v for k, v in first.items()}, **{f"{k} (run 2)": v for k, v in second.items()}}
     topics = {"in": new_topic(2), "out": new_topic(2), "dlq": f"leak-dlq-{uuid.uuid4().hex[:8]}"}
     produce_numbered(bootstrap, topics["in"], 0, RECORDS)
     checkpoint = tmp_path / "checkpoint"
     name = f"leak-{uuid.uuid4().hex[:8]}"
     path = write_pipeline(tmp_path, leak_pipeline(name, bootstrap, topics, pg, checkpoint))
     assert not hits(path.read_text(), canaries), "the test's pipeline file itself holds a secret"
-    pg_dsn = make_conninfo(**{**pg, "password": pg_password})
 
     sampler = CommandLines(canaries)
     sampler.start()
     outputs: dict[str, str] = {}
     try:
-        # Run 1: killed (kill -9 of the driver's process group) once epoch 1 is pre-committed.
-        crash = _start_eos("run", str(path), "--failpoint", "sink.after_precommit=kill@epoch=1", env=canaries)
+        # Run 1: killed (kill -9 of the driver's process group) once epoch 1's commit is decided.
+        crash = _start_eos("run", str(path), "--failpoint", "sink.after_agreement=kill@epoch=1", env=first)
         crashed = Output(crash)
         crash.wait(timeout=300)
         crashed.join(10)
         outputs["run 1 (killed)"] = crashed.text
         assert crash.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL), crashed.text[-4000:]
 
-        # Run 2: recovers and catches up, serving its metrics, until stopped with SIGTERM.
-        recovery = _start_eos("run", str(path), "--trigger", "500ms", "--metrics-port", "0", env=canaries)
+        # Run 2, with every credential rotated: recovers and catches up, serving its metrics,
+        # until stopped with SIGTERM.
+        set_pg_password(second["LEAK_PG_PASSWORD"])
+        for variable, canary in second.items():
+            monkeypatch.setenv(variable, canary)  # for the commands run in this process
+        pg_dsn = make_conninfo(**{**pg, "password": second["LEAK_PG_PASSWORD"]})
+        recovery = _start_eos("run", str(path), "--trigger", "500ms", "--metrics-port", "0", env=second)
         recovered = Output(recovery)
         try:
             port = int(
@@ -357,6 +370,7 @@ def test_no_canary_anywhere_after_a_crash_and_recovery(
     assert recovery.returncode == 0, recovered.text[-4000:]
     assert sampler.samples > 10, "the command lines were hardly sampled"
     assert _count(pg_dsn, f"{pg['user']}.out") == RECORDS, "the table does not hold every record exactly once"
+    assert_exactly_once([f"rec-{i}" for i in range(RECORDS)], committed_values(bootstrap, topics["out"]))
 
     code, outputs["eos validate --json"] = _eos("validate", "--json", str(path))
     assert code == 0, outputs["eos validate --json"]
@@ -369,8 +383,6 @@ def test_no_canary_anywhere_after_a_crash_and_recovery(
     wrong_path = write_pipeline(tmp_path, wrong, "wrong.yaml")
     outputs["eos status, wrong password"] = _eos("status", "--no-txns", str(wrong_path))[1]
     assert "password authentication failed" in outputs["eos status, wrong password"]
-    from eos.config import load_pipeline
-
     config = load_pipeline(wrong_path)
     sink = connectors(config, pipeline_info(config, "x", tmp_path)).sinks[1]
     with pytest.raises(Exception) as raised:  # whichever error it is, its text is scanned
@@ -413,8 +425,6 @@ def test_the_errors_of_a_wrong_kafka_password_do_not_show_it(secure_kafka, uniqu
         "sources": [{"name": "events", "kafka": {**kafka, "topics": ["t"]}}],
         "sinks": [{"name": "out", "kafka": {**kafka, "topic": "o"}}],
     }
-    from eos.config import load_pipeline
-
     loaded = load_pipeline(write_pipeline(tmp_path, config))
     found = connectors(loaded, pipeline_info(loaded, "x", tmp_path))
     outputs = {}
