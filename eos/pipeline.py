@@ -19,6 +19,7 @@ from typing import Any
 from eos import registry
 from eos.config import PipelineConfig, kind_of
 from eos.errors import ConfigError, EosError
+from eos.model import redacted
 from eos.protocol.plan import SINK_TAG, SinkPlan, sink_column
 from eos.protocol.sink import PipelineInfo, Recovery, SinkConnector
 from eos.protocol.source import ERROR, POISON_COLUMNS, SourceConnector, StreamOptions
@@ -51,15 +52,22 @@ def connectors(config: PipelineConfig, pipeline: PipelineInfo) -> Connectors:
 
 
 def replay_config(config: PipelineConfig, found: Connectors, parallelism: int) -> dict[str, Any]:
-    """Everything that decides what a replay of an epoch writes: pinned while an epoch is pending."""
-    return {
-        "sources": [source.replay_identity() for source in found.sources],
-        "transforms": [t.model_dump(mode="json") for t in config.transforms],
-        "sinks": [{"kind": type(sink).kind, **sink.replay_identity()} for sink in found.sinks],
-        "parallelism": parallelism,
-        "output_mode": config.epochs.output_mode,
-        "mode": config.epochs.mode,
-    }
+    """Everything that decides what a replay of an epoch writes: pinned while an epoch is pending.
+
+    Credentials are not part of it: a replay must write the same rows, not log in the same way.
+    The connectors leave out how they reach their systems (replay_identity), and whatever else
+    holds a secret (a python transform's `api_token:` argument, a password inside a value) is
+    masked here, so the checkpoint never holds one and a rotated password changes nothing."""
+    return redacted(
+        {
+            "sources": [source.replay_identity() for source in found.sources],
+            "transforms": [t.model_dump(mode="json") for t in config.transforms],
+            "sinks": [{"kind": type(sink).kind, **sink.replay_identity()} for sink in found.sinks],
+            "parallelism": parallelism,
+            "output_mode": config.epochs.output_mode,
+            "mode": config.epochs.mode,
+        }
+    )
 
 
 @dataclass

@@ -59,6 +59,7 @@ class RunOptions:
     listeners: list[EpochListener] = field(default_factory=list)
     progress: bool = True
     metrics_port: int | None = None
+    metrics_host: str | None = None  # overrides metrics.host (default 127.0.0.1)
     spark: Any = None  # an existing SparkSession (tests); the runner uses a new session of it
     install_signal_handlers: bool = True
     take_over: bool = False  # fence a driver that still answers, instead of refusing to start
@@ -345,7 +346,9 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
         check_changes_while_pending(prepared, state)
         checkpoint.write_meta(meta)  # after the checks: a refused config is never recorded
         metrics_port = options.metrics_port if options.metrics_port is not None else config.metrics.port
-        telemetry = start_telemetry(config, found, checkpoint, coordinator, metrics_port, lag=options.progress)
+        telemetry = start_telemetry(
+            config, found, checkpoint, coordinator, metrics_port, lag=options.progress, host=options.metrics_host
+        )
         listeners: list[EpochListener] = [_Tally(result), *telemetry.listeners, *options.listeners]
         printer = None
         if options.progress:
