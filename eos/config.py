@@ -96,7 +96,12 @@ class CoordinatorConfig(Model):
 
 
 class MetricsConfig(Model):
-    port: int | None = Field(None, ge=0, le=65535)  # Prometheus endpoint on the driver; off if unset
+    """The driver's Prometheus endpoint, off unless a port is set. It answers anyone who reaches
+    it, so it listens on loopback unless `host` says otherwise (0.0.0.0: every interface, for a
+    Prometheus on another machine or container)."""
+
+    host: str = Field("127.0.0.1", min_length=1)
+    port: int | None = Field(None, ge=0, le=65535)
 
 
 class PipelineHeader(Model):

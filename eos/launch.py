@@ -92,7 +92,9 @@ def launch(pipeline: Pipeline, options: StartOptions) -> EosQuery:
         check_changes_while_pending(prepared, state)
         checkpoint.write_meta(meta)  # after the checks: a refused config is never recorded
         metrics_port = options.metrics_port if options.metrics_port is not None else header.metrics.port
-        telemetry = start_telemetry(config, found, checkpoint, coordinator, metrics_port, lag=options.progress)
+        telemetry = start_telemetry(
+            config, found, checkpoint, coordinator, metrics_port, lag=options.progress, host=options.metrics_host
+        )
         listeners: list[EpochListener] = [Tally(result), *telemetry.listeners, *options.listeners]
         printer = None
         if options.progress:

@@ -13,7 +13,29 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 VIEW = r"^[A-Za-z_][A-Za-z0-9_]{0,99}$"
 SINK_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$"  # no "." either: `source.dlq` names are eos's own
-SECRET_KEY = re.compile(r"(?i)(password|secret|token|jaas|credential|apikey|api\.key)")
+# What is secret, decided here for everything that shows, logs, pins or hands on config: `eos
+# validate --json`, reprs and errors (redacted), the checkpoint's replay config, and the settings
+# Spark must not see on its command line (eos.sparksession). By the setting's name: librdkafka's
+# secret-holding properties (sasl.password, ssl.key.password, ssl.keystore.password, ssl.key.pem,
+# ssl_key, sasl.oauthbearer.client.secret, sasl.oauthbearer.config, the assertion's private key and
+# passphrase), Spark's and Hadoop's (spark.authenticate.secret, spark.ssl.*Password, fs.s3a.secret.key,
+# access.key, session.token, fs.azure.account.key.*, ...private.key), libpq's (password, sslpassword),
+# a registry's basic.auth.user.info, and any name with a word for a secret in it. `token` and
+# `key` count as whole words only: `tokenizer`, `key_format` and `ssl.key.location` (a path) stay
+# readable.
+SECRET_KEY = re.compile(
+    r"(?i)password|passwd|passphrase|secret|credential|jaas|authorization"
+    r"|token(?=$|[._-])"
+    r"|(?:^|[._-])(?:api|access|account|private)[._-]?key(?=$|[._-])"
+    r"|(?:^|[._-])user[._-]?info(?=$|[._-])"
+    r"|(?:^|[._-])ssl[._-]key(?:[._-]pem)?$"
+    r"|sasl[._-]oauthbearer[._-]config"
+)
+# Secrets inside a value, whatever its name: the password of a URL's `user:password@`, and a
+# `password=...` pair (a libpq connection string, a JDBC URL's query, a JAAS line).
+_URL_PASSWORD = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^/\s:@]*:)[^@\s/]*(@)")
+_PASSWORD_PAIR = re.compile(r"""(?i)(\b(?:ssl)?password\s*=\s*)(?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s&;]+)""")
+MASK = "***"
 ClientValue = str | int | float | bool
 
 _UNITS = {
@@ -44,16 +66,36 @@ def parse_duration(value: Any) -> float:
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
+    def __repr_args__(self) -> Any:
+        """repr() and str() of every config model: with its secrets masked (redacted), as a
+        traceback's locals, a log line or an f-string may show them."""
+        for name, value in super().__repr_args__():
+            shown = MASK if name and SECRET_KEY.search(name) else value
+            yield name, shown if isinstance(shown, BaseModel) else redacted(shown, name or "")
+
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
+def masked_text(text: str) -> str:
+    """`text` with the secrets written inside it masked (URL passwords, `password=` pairs)."""
+    return _PASSWORD_PAIR.sub(rf"\g<1>{MASK}", _URL_PASSWORD.sub(rf"\g<1>{MASK}\g<2>", text))
+
+
+def is_secret(key: str, value: Any = None) -> bool:
+    """Whether the setting `key` (with `value`) holds a secret: by its name, or inside its value."""
+    return bool(SECRET_KEY.search(key)) or (isinstance(value, str) and masked_text(value) != value)
+
+
 def redacted(value: Any, key: str = "") -> Any:
-    """A copy fit to print or log: values under secret-looking keys are masked."""
+    """A copy fit to print, log or pin: values under secret-looking keys are masked, and so are
+    secrets written inside other values."""
     if isinstance(value, BaseModel):
         value = value.model_dump(by_alias=True)
     if isinstance(value, dict):
-        return {k: ("***" if SECRET_KEY.search(str(k)) else redacted(v, str(k))) for k, v in value.items()}
-    if isinstance(value, list):
+        return {k: (MASK if SECRET_KEY.search(str(k)) else redacted(v, str(k))) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
         return [redacted(v, key) for v in value]
+    if isinstance(value, str):
+        return masked_text(value)
     return value

@@ -51,6 +51,7 @@ from eos.config import (
 )
 from eos.errors import ConfigError, EosError
 from eos.failpoints import SOURCE_POINTS, Failpoints, from_specs
+from eos.model import redacted
 from eos.protocol.checkpoint import Checkpoint
 from eos.protocol.plan import SINK_TAG, SinkPlan, sink_column
 from eos.protocol.report import EpochListener
@@ -95,7 +96,12 @@ def replay_config(
 ) -> dict[str, Any]:
     """Everything that decides what a replay of an epoch writes: pinned while an epoch is pending.
     A pipeline file names its transforms; a pipeline built in code has only the schema of what
-    each sink receives (`inputs`) to show for its DataFrame code."""
+    each sink receives (`inputs`) to show for its DataFrame code.
+
+    Credentials are not part of it: a replay must write the same rows, not log in the same way.
+    The connectors leave out how they reach their systems (replay_identity), and whatever else
+    holds a secret (a python transform's `api_token:` argument, a password inside a value) is
+    masked here, so the checkpoint never holds one and a rotated password changes nothing."""
     replay = {
         "sources": [source.replay_identity() for source in found.sources],
         "transforms": [t.model_dump(mode="json") for t in config.transforms],
@@ -106,7 +112,7 @@ def replay_config(
     }
     if inputs:
         replay["inputs"] = dict(inputs)
-    return replay
+    return redacted(replay)
 
 
 def pipeline_info(config: PipelineHeader, checkpoint_id: str, base_dir: Path | None) -> PipelineInfo:
@@ -136,6 +142,7 @@ class StartOptions:
     finish_pending: bool = False  # replay the pending epoch, then stop
     progress: bool = False  # progress lines on stderr
     metrics_port: int | None = None
+    metrics_host: str | None = None  # overrides metrics.host (default 127.0.0.1)
     listeners: list[EpochListener] = field(default_factory=list)
 
 
@@ -343,6 +350,7 @@ class Pipeline:
         finish_pending: bool = False,
         progress: bool = False,
         metrics_port: int | None = None,
+        metrics_host: str | None = None,
         listeners: Iterable[EpochListener] = (),
     ) -> EosQuery:
         """Recover (fence, resolve, read the ledgers), then start the streaming query; returns its
@@ -357,7 +365,9 @@ class Pipeline:
         if not self._branches:
             raise ConfigError(f"pipeline {self.name} has no sink")
         self._state = "starting"
-        options = StartOptions(trigger, take_over, finish_pending, progress, metrics_port, list(listeners))
+        options = StartOptions(
+            trigger, take_over, finish_pending, progress, metrics_port, metrics_host, list(listeners)
+        )
         try:
             return launch(self, options)
         except BaseException:

@@ -45,6 +45,7 @@ class RunOptions:
     listeners: list[EpochListener] = field(default_factory=list)
     progress: bool = True
     metrics_port: int | None = None
+    metrics_host: str | None = None  # overrides metrics.host (default 127.0.0.1)
     spark: Any = None  # an existing SparkSession (tests); the runner uses a new session of it
     install_signal_handlers: bool = True
     take_over: bool = False  # fence a driver that still answers, instead of refusing to start
@@ -93,6 +94,7 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
         finish_pending=options.finish_pending,
         progress=options.progress,
         metrics_port=options.metrics_port,
+        metrics_host=options.metrics_host,
         listeners=options.listeners,
     )
     query.result.stopped_by = wait(query, options.install_signal_handlers)

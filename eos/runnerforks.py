@@ -67,6 +67,9 @@ def read(s, n):
 try:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(os.environ["EOS_RUNNER_FORKS"])
+    cred = getattr(socket, "SO_PEERCRED", None)
+    if cred and struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, cred, 12))[1] != os.geteuid():
+        own()
     body = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
     message = struct.pack("!I", len(body)) + body
     sent = s.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
@@ -123,7 +126,7 @@ def start() -> str | None:
         proc = _server.get("proc")
         if proc is not None and proc.poll() is None:
             return _server["path"]
-        folder = Path(tempfile.mkdtemp(prefix="eos-forks-"))  # 0700: only this user can connect
+        folder = _private_folder()
         path = str(folder / "sock")
         proc = subprocess.Popen(
             [sys.executable, "-m", "eos.runnerforks", path],
@@ -133,6 +136,40 @@ def start() -> str | None:
         _server.update(proc=proc, path=path, folder=folder)
         atexit.register(_stop, proc, folder)
         return path
+
+
+def _private_folder() -> Path:
+    """A new folder (mode 0700) for the server's socket, in a temporary folder no one else can
+    rename it in: the runners send the server their environment, secrets included, and another
+    user who could put a socket of theirs in its place would get it and their standard streams."""
+    from eos import trusted
+    from eos.errors import EnvironmentProblem
+
+    base = Path(tempfile.gettempdir()).resolve()
+    folder = Path(tempfile.mkdtemp(prefix="eos-forks-", dir=base))
+    checks = [
+        (base, trusted.why_untrusted(base, root_ok=True, sticky_ok=True)),
+        (folder, trusted.why_untrusted(folder)),
+    ]
+    if os.lstat(folder).st_mode & 0o077:
+        checks.append((folder, "can be read by others"))
+    for where, problem in checks:
+        if problem is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise EnvironmentProblem(
+                f"the fork server's socket would live in {folder}, and {where} {problem}",
+                hint=f"set TMPDIR to a folder only you (or root, with the sticky bit) can write, or {DISABLE_ENV}=1",
+            )
+    return folder
+
+
+def _peer_is_me(conn: socket.socket) -> bool:
+    """Whether the process at the other end runs as this user (Linux: SO_PEERCRED; elsewhere the
+    socket's private folder is the only guard)."""
+    cred = getattr(socket, "SO_PEERCRED", None)
+    if cred is None:
+        return True
+    return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, cred, struct.calcsize("3i")))[1] == os.geteuid()
 
 
 def _stop(proc: subprocess.Popen, folder: Path) -> None:
@@ -254,6 +291,9 @@ def serve(path: str, allowed: tuple[str, ...] = (RUNNER_MODULE,)) -> None:
         if listener not in ready:
             continue
         conn, _ = listener.accept()
+        if not _peer_is_me(conn):
+            conn.close()  # another user: nothing is read from it, nothing forked for it
+            continue
         try:
             message, fds = _receive(conn)
         except (OSError, EOFError, ValueError):

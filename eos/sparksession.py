@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from eos import runnerforks
+from eos import runnerforks, trusted
+from eos.errors import ConfigError, EnvironmentProblem
+from eos.model import is_secret
 from eos.paths import eos_home, ops_dir
 
 # Measured when eos was designed: on a local filesystem this halves the fixed checkpoint cost per
@@ -140,9 +144,17 @@ def compiled_spark_home(python: str | None) -> Path | None:
     from pyspark import __version__
 
     key = hashlib.sha256(f"{home}|{__version__}".encode()).hexdigest()[:12]
-    mirror = eos_home() / "spark-home" / f"{__version__}-{key}"
-    if (mirror / "jars").exists():
+    # Spark runs the mirror's bin/ scripts and reads its conf/: it must be this user's, and exactly
+    # what eos makes (eos.trusted), else it is made again.
+    mirrors = trusted.own_folder(eos_home() / "spark-home", eos_home())
+    mirror = mirrors / f"{__version__}-{key}"
+    if _whole_mirror(mirror, home):
         return mirror
+    if os.path.lexists(mirror):  # not what eos makes (any more): set aside and deleted, made again
+        stale = mirror.with_name(f".{mirror.name}.{os.getpid()}.stale")
+        with contextlib.suppress(FileNotFoundError):  # another process set it aside first
+            mirror.rename(stale)
+        shutil.rmtree(stale, ignore_errors=True)
     partial = mirror.with_name(f"{mirror.name}.{os.getpid()}.partial")
     try:
         _link_entries(home, partial, but="python")
@@ -151,9 +163,25 @@ def compiled_spark_home(python: str | None) -> Path | None:
     except OSError:
         # No symlinks here, or another process just made the same mirror: use it if it is whole.
         shutil.rmtree(partial, ignore_errors=True)
-        if not (mirror / "jars").exists():
-            return None
-    return mirror
+    return mirror if _whole_mirror(mirror, home) else None
+
+
+def _whole_mirror(mirror: Path, home: Path) -> bool:
+    """Whether `mirror` is what compiled_spark_home makes of `home`: this user's folders, writable
+    by no one else, holding a symlink to each entry of the package but python/ (python/: of its
+    python/ but lib/) and nothing else."""
+    try:
+        for folder, source, but in ((mirror, home, "python"), (mirror / "python", home / "python", "lib")):
+            if trusted.why_untrusted(folder) is not None:
+                return False
+            wanted = {entry.name for entry in source.iterdir() if entry.name != but}
+            if {entry.name for entry in folder.iterdir()} != wanted | ({"python"} if folder == mirror else set()):
+                return False
+            if any(os.readlink(folder / name) != str(source / name) for name in wanted):
+                return False
+        return True
+    except OSError:  # missing, or an entry that is no symlink
+        return False
 
 
 # Spark puts its spark-core jar on every Python process's path as well, after the zips (for a
@@ -196,12 +224,12 @@ def python_launcher(python: str) -> Path | None:
         forks=runnerforks.SOCKET_ENV,
         client=runnerforks.CLIENT,
     )
-    launcher = eos_home() / "spark-python" / hashlib.sha256(text.encode()).hexdigest()[:12]
-    if launcher.is_file():
+    folder = trusted.own_folder(eos_home() / "spark-python", eos_home())
+    launcher = folder / hashlib.sha256(text.encode()).hexdigest()[:12]
+    if trusted_launcher(launcher):
         return launcher
-    partial = None
+    partial = None  # a launcher that is not what eos made is made again, over it
     try:
-        launcher.parent.mkdir(parents=True, exist_ok=True)
         descriptor, partial = tempfile.mkstemp(dir=launcher.parent, prefix=".")
         with os.fdopen(descriptor, "w") as out:
             out.write(text)
@@ -222,6 +250,31 @@ def is_launcher(python: str | None) -> bool:
     return python is not None and Path(python).parent == eos_home() / "spark-python"
 
 
+def trusted_launcher(launcher: Path) -> bool:
+    """Whether `launcher` is one eos made, unchanged: a file of this user's that no one else may
+    write, whose text hashes to its name (python_launcher names each after its text)."""
+    if trusted.why_untrusted(launcher) is not None:
+        return False
+    try:
+        text = launcher.read_bytes() if stat.S_ISREG(os.lstat(launcher).st_mode) else b""
+    except OSError:
+        return False
+    return hashlib.sha256(text).hexdigest()[:12] == launcher.name
+
+
+def check_launcher(python: str) -> None:
+    """Refuse to have Spark run a launcher that is not what eos made (one inherited from the eos
+    process that started this one, say): whoever changed it would run code as this user."""
+    path = Path(python)
+    trusted.own_folder(path.parent, eos_home())
+    if not trusted_launcher(path):
+        raise EnvironmentProblem(
+            f"PYSPARK_PYTHON names eos's launcher {path}, which is not the one eos made: "
+            f"{trusted.why_untrusted(path) or 'its text was changed'}",
+            hint="delete it (eos makes its launchers again) and unset PYSPARK_PYTHON, or point it at a python",
+        )
+
+
 def local_python(python: str | None, launch: bool = True) -> tuple[Path | None, str | None]:
     """For Spark processes whose Python runs `python`: the SPARK_HOME to run them from (the
     mirror, or None for Spark's own) and the program they should run (the launcher, or
@@ -237,10 +290,88 @@ def local_python(python: str | None, launch: bool = True) -> tuple[Path | None, 
 
 def _link_entries(source: Path, target: Path, but: str) -> None:
     """`target` holding a symlink to every entry of `source` except the one named `but`."""
-    target.mkdir(parents=True, exist_ok=True)
+    target.mkdir(mode=0o755)
     for entry in source.iterdir():
         if entry.name != but:
             (target / entry.name).symlink_to(entry)
+
+
+def secret_settings(settings: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(the settings that may be shown, the secret ones), as eos.model decides what is secret."""
+    public, secret = {}, {}
+    for key, value in settings.items():
+        (secret if is_secret(key, value) else public)[key] = value
+    return public, secret
+
+
+def _escaped(text: str) -> str:
+    """`text` as a key or value of a java.util.Properties file: a backslash before the characters
+    that would end a key or start a comment, and every other character outside printable ASCII as
+    a \\uXXXX escape (whatever encoding the reader assumes)."""
+    out = []
+    for char in text:
+        if char in "\\ :=#!":
+            out.append("\\" + char)
+        elif " " < char < "\x7f":
+            out.append(char)
+        else:
+            units = char.encode("utf-16-be")
+            out.extend(f"\\u{units[i]:02x}{units[i + 1]:02x}" for i in range(0, len(units), 2))
+    return "".join(out)
+
+
+def write_private_properties(path: Path, settings: Mapping[str, str]) -> None:
+    """`settings` as a Spark properties file only its owner can read (mode 0600 from the start:
+    written under a new name, then renamed over `path`)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.unlink(missing_ok=True)
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w", encoding="ascii") as out:
+        out.writelines(f"{_escaped(key)}={_escaped(str(value))}\n" for key, value in settings.items())
+    os.replace(partial, path)
+
+
+@contextlib.contextmanager
+def _properties_file(settings: Mapping[str, str]) -> Iterator[Path]:
+    """A private properties file holding `settings`, in a fresh folder of mode 0700, deleted on exit."""
+    folder = Path(tempfile.mkdtemp(prefix="eos-spark-conf-"))
+    try:
+        path = folder / "secret.properties"
+        write_private_properties(path, settings)
+        yield path
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _off_the_command_line(secret: Mapping[str, str]) -> Iterator[None]:
+    """PySpark starts its JVM as `spark-submit --conf KEY=VALUE ... pyspark-shell`, so every setting
+    it is handed is on that process's command line, which every local user can read (`ps`). The
+    secret ones go to spark-submit in a private properties file instead (--properties-file, with
+    --load-spark-defaults so that spark-defaults.conf is read as before), which is deleted once
+    the JVM answers: spark-submit has read it by then. Spark treats them as it treats `--conf`
+    (spark.hadoop.* reaches Hadoop's configuration, spark.authenticate.secret the driver's)."""
+    if not secret:
+        yield
+        return
+    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    if submit_args is not None and "--properties-file" in shlex.split(submit_args):
+        raise ConfigError(
+            f"spark.conf holds secret settings ({', '.join(sorted(secret))}), which eos hands to Spark in a "
+            "properties file of its own, and PYSPARK_SUBMIT_ARGS names another one",
+            hint="put those settings in your properties file instead of the pipeline's spark.conf",
+        )
+    with _properties_file(secret) as path:
+        os.environ["PYSPARK_SUBMIT_ARGS"] = (
+            f"--properties-file {shlex.quote(str(path))} --load-spark-defaults {submit_args or 'pyspark-shell'}"
+        )
+        try:
+            yield
+        finally:
+            if submit_args is None:
+                os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+            else:
+                os.environ["PYSPARK_SUBMIT_ARGS"] = submit_args
 
 
 def build_spark(
@@ -249,7 +380,8 @@ def build_spark(
     conf: Mapping[str, str] | None = None,
     checkpoint: str | None = None,
 ):
-    """A SparkSession: local[*] unless a master is given (or spark-submit already chose one)."""
+    """A SparkSession: local[*] unless a master is given (or spark-submit already chose one).
+    Secret settings never reach a command line (_off_the_command_line)."""
     under_spark_submit = bool(os.environ.get("PYSPARK_GATEWAY_PORT"))
     if "PYSPARK_PYTHON" not in os.environ and not under_spark_submit and (master or "local").startswith("local"):
         # Local Python workers must run this interpreter (with eos and its dependencies
@@ -282,10 +414,20 @@ def build_spark(
     # while the JVM starts (a JVM that runs already never sees the variable). The launcher may be
     # inherited from the eos process that started this one, with that process's server: never
     # used, its runners would live in that process's group and die with it.
-    runnerforks.use(local and is_launcher(os.environ.get("PYSPARK_PYTHON")))
+    launched = is_launcher(os.environ.get("PYSPARK_PYTHON"))
+    if launched:
+        check_launcher(os.environ["PYSPARK_PYTHON"])
+    runnerforks.use(local and launched)
+    from pyspark import SparkContext
+
+    # Only a JVM started here gets a command line; to a running one (spark-submit's, or this
+    # process's earlier session) every setting travels over the gateway.
+    launches = not under_spark_submit and SparkContext._gateway is None
+    public, secret = secret_settings(settings) if launches else (settings, {})
     builder = SparkSession.builder.appName(app_name)
-    for key, value in settings.items():
+    for key, value in public.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    with _off_the_command_line(secret):
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session

@@ -48,6 +48,9 @@ class LoadedYaml:
         return start + (1 if path in self.blocks else 0) + max(0, line_in_text - 1)
 
 
+_TYPED = {f"tag:yaml.org,2002:{kind}" for kind in ("int", "float", "bool")}
+
+
 def _interpolate(text: str, where: str, env: Mapping[str, str]) -> str:
     def replace(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)
@@ -81,10 +84,10 @@ def _convert(node: yaml.Node, path: Path_, out: LoadedYaml, env: Mapping[str, st
     if isinstance(value, str) and "${" in value:
         out.from_env.add(path)
         interpolated = _interpolate(value, f"{out.file}:{node.start_mark.line + 1}", env)
-        # A whole-value reference to a number or boolean keeps its YAML type.
-        value = yaml.safe_load(interpolated) if _ENV.fullmatch(value) and interpolated else interpolated
-        if not isinstance(value, (str, int, float, bool)) or value is None:
-            value = interpolated
+        # A whole-value reference to a number or boolean keeps its YAML type; anything else stays
+        # the text it is (a password such as `a #b`, `'q'` or `[x` is not YAML to parse).
+        typed = _ENV.fullmatch(value) and yaml.resolver.Resolver().resolve(yaml.ScalarNode, interpolated, (True, False))
+        value = yaml.safe_load(interpolated) if typed in _TYPED else interpolated
     return value
 
 

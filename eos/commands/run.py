@@ -20,6 +20,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         failpoints=args.failpoint or [],
         progress=not args.quiet,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
         take_over=args.take_over,
         finish_pending=args.finish_pending,
     )
@@ -75,8 +76,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--metrics-port",
         type=int,
         metavar="PORT",
-        help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: any free port; default: metrics.port "
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port; default: metrics.port "
         "of the pipeline file, else off)",
+    )
+    run.add_argument(
+        "--metrics-host",
+        metavar="HOST",
+        help="the address the metrics listen on (default: metrics.host of the pipeline file, else 127.0.0.1; "
+        "0.0.0.0 for a Prometheus on another machine or container: the page answers anyone who reaches it)",
     )
     run.add_argument(
         "--take-over",

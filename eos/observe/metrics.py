@@ -398,13 +398,16 @@ class _ScrapeTimeCollector:
 
 @dataclass
 class MetricsServer:
+    host: str
     port: int
     _server: Any
     _thread: Any
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/metrics"
+        """Where this machine reaches it (loopback when it listens on every interface)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else "::1" if self.host == "::" else self.host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}/metrics"
 
     def close(self) -> None:
         self._server.shutdown()
@@ -412,13 +415,14 @@ class MetricsServer:
         self._thread.join(timeout=5)
 
 
-def start_metrics_server(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> MetricsServer:
+def start_metrics_server(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> MetricsServer:
     """Serve `registry` at http://addr:port/metrics on a daemon thread; port 0 picks a free port
-    (MetricsServer.port is the one bound)."""
+    (MetricsServer.port is the one bound). Loopback unless `addr` says otherwise: the page answers
+    anyone who reaches it."""
     from prometheus_client import start_http_server
 
     server, thread = start_http_server(port, addr=addr, registry=registry)
-    return MetricsServer(server.server_port, server, thread)
+    return MetricsServer(addr, server.server_port, server, thread)
 
 
 def series_names(registry: CollectorRegistry) -> set[str]:
@@ -500,10 +504,11 @@ def start_telemetry(
     coordinator: Any,
     metrics_port: int | None,
     lag: bool,
+    host: str | None = None,
 ) -> Telemetry:
     """Set up the observers of a run: the phase tracker always; the lag monitor (sources' lag,
     sinks' lingering transactions) for the progress lines or the metrics; the metrics and their
-    HTTP server if metrics_port is not None."""
+    HTTP server if metrics_port is not None, on `host` (default: metrics.host of the config)."""
     telemetry = Telemetry(EpochTracker(config.exactly_once, coordinator))
     if not lag and metrics_port is None:
         return telemetry
@@ -534,12 +539,14 @@ def start_telemetry(
         replay_epoch=checkpoint.pending_replay(),
         last_committed=(last, committed_at(checkpoint, last)) if last is not None else None,
     )
+    host = host or config.metrics.host
     try:
-        telemetry.server = start_metrics_server(telemetry.metrics.registry, metrics_port)
+        telemetry.server = start_metrics_server(telemetry.metrics.registry, metrics_port, host)
     except OSError as exc:
         telemetry.close()
         raise EnvironmentProblem(
-            f"metrics: cannot listen on port {metrics_port}: {exc}", hint="choose another --metrics-port (0: any)"
+            f"metrics: cannot listen on {host} port {metrics_port}: {exc}",
+            hint="choose another --metrics-port (0: any), or a --metrics-host of this machine",
         ) from None
-    print(f"eos: metrics of {config.name} at http://<driver>:{telemetry.server.port}/metrics", file=sys.stderr)
+    print(f"eos: metrics of {config.name} at {telemetry.server.url}", file=sys.stderr)
     return telemetry

@@ -281,6 +281,7 @@ def run_demo(
     seed: int = 7,
     metrics_port: int | None = None,
     keep_running: bool = False,
+    metrics_host: str | None = None,
     pg_port: int = 5432,
     external_postgres: bool = False,
 ) -> int:
@@ -320,7 +321,9 @@ def run_demo(
 
     _say(f"Running {pipeline_file.name} until it has consumed everything (Spark {master or 'local[*]'}) ...")
     started = time.monotonic()
-    options = RunOptions(master=master, trigger="available-now", metrics_port=metrics_port, spark=spark)
+    options = RunOptions(
+        master=master, trigger="available-now", metrics_port=metrics_port, metrics_host=metrics_host, spark=spark
+    )
     result = run_config(config, pipeline_file.parent, options)
     _say(f"Pipeline done: {result.epochs_committed} epochs in {time.monotonic() - started:.1f} s.")
 
@@ -331,13 +334,14 @@ def run_demo(
     if table_check.aborted_records_seen:
         print(f"  {table_check.aborted_records_seen} prepared transactions still wait in the database")
     if keep_running:
-        keep_generating_and_running(bootstrap, config, pipeline_file.parent, master, metrics_port, seed)
+        keep_generating_and_running(bootstrap, config, pipeline_file.parent, master, metrics_port, seed, metrics_host)
     return 0 if check.ok and table_check.ok else 1
 
 
 def keep_generating_and_running(
-    bootstrap: str, config, base_dir: Path, master: str | None, metrics_port: int | None, seed: int, rate: int = 200
-) -> None:
+    bootstrap: str, config, base_dir: Path, master: str | None, metrics_port: int | None, seed: int,
+    metrics_host: str | None = None, rate: int = 200,
+) -> None:  # fmt: skip
     """Live mode (the compose cluster's dashboards): new events at `rate` a second with the
     current time, and the pipeline on its own trigger, until SIGTERM or Ctrl-C."""
     import threading
@@ -366,6 +370,6 @@ def keep_generating_and_running(
     generator = threading.Thread(target=generate, name="eos-demo-generator", daemon=True)
     generator.start()
     try:
-        run_config(config, base_dir, RunOptions(master=master, metrics_port=metrics_port))
+        run_config(config, base_dir, RunOptions(master=master, metrics_port=metrics_port, metrics_host=metrics_host))
     finally:
         stop.set()

@@ -10,7 +10,9 @@ without pyspark.zip, eos.sparksession.compiled_spark_home, when the cluster runs
 Layout of a cluster's folder (`workdir`):
 
     cluster.json          ports and sizes, so `eos spark-cluster stop|status` find a running cluster
-    conf/spark-defaults.conf   master and worker settings (--properties-file)
+    conf/                 (mode 0700) its files mode 0600, for they hold the cluster's secret:
+      spark-defaults.conf master and worker settings (--properties-file)
+      submit.properties   what an application needs to be let in (spark-submit --properties-file)
     run/master.pid, run/worker-N.pid
     logs/master.log, logs/worker-N.log
     worker-N/             the worker's --work-dir: one folder per application and executor,
@@ -19,6 +21,14 @@ Layout of a cluster's folder (`workdir`):
 
 Every process binds to `host` (127.0.0.1): SPARK_LOCAL_IP makes the web UIs and block managers
 bind there, SPARK_LOCAL_HOSTNAME makes executors advertise it instead of the machine's name.
+
+Who may use it: loopback is open to every user of the machine, and a standalone master runs any
+application it is sent, as the cluster's user. So every process of the cluster and every driver
+authenticates (`spark.authenticate`) with a secret made at each cold start, which is never on a
+command line: the daemons read it from conf/spark-defaults.conf, the workers hand it to their
+executors in the environment (Spark's own way), and `submit` gives drivers conf/submit.properties.
+A driver without it is refused. The web UIs (read-only here: killing applications and
+decommissioning workers from them is off) still answer anyone on loopback.
 
 How executors find Python: the driver tells them. `submit` sets `spark.pyspark.python` (and
 PYSPARK_PYTHON in every process's environment) to this interpreter, `sys.executable`, through
@@ -38,6 +48,7 @@ import functools
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -50,7 +61,7 @@ from pathlib import Path
 
 from eos.errors import EnvironmentProblem
 from eos.paths import eos_home
-from eos.sparksession import local_python, pyspark_package
+from eos.sparksession import local_python, pyspark_package, write_private_properties
 from eos_ops import jvm
 from eos_ops.jvm import alive, port_is_free, stat_fields
 
@@ -62,6 +73,12 @@ EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 
 # Master and worker settings, written to conf/spark-defaults.conf and passed with --properties-file.
 DAEMON_SETTINGS = {
+    # Every connection to a daemon, executor or driver authenticates with the cluster's secret
+    # (written beside these settings by _write_properties, never on a command line).
+    "spark.authenticate": "true",
+    # The UIs answer anyone on loopback: no killing applications or decommissioning workers there.
+    "spark.ui.killEnabled": "false",
+    "spark.master.ui.decommission.allow.mode": "DENY",
     # Applications are submitted in client mode; the REST submission server would take the fixed
     # port 6066 (and collide between two clusters) for nothing.
     "spark.master.rest.enabled": "false",
@@ -298,6 +315,11 @@ class LocalSparkCluster:
     def properties_file(self) -> Path:
         return self.workdir / "conf" / "spark-defaults.conf"
 
+    @property
+    def submit_properties(self) -> Path:
+        """What a driver needs to be let in (spark.authenticate and the secret), mode 0600."""
+        return self.workdir / "conf" / "submit.properties"
+
     def log_file(self, name: str) -> Path:
         return self.workdir / "logs" / f"{name}.log"
 
@@ -415,8 +437,13 @@ class LocalSparkCluster:
             )
 
     def _write_properties(self) -> None:
-        self.properties_file.parent.mkdir(parents=True, exist_ok=True)
-        self.properties_file.write_text("".join(f"{key} {value}\n" for key, value in DAEMON_SETTINGS.items()))
+        """The daemons' settings and the drivers', with a new secret: files only this user reads."""
+        conf = self.properties_file.parent
+        conf.mkdir(mode=0o700, parents=True, exist_ok=True)
+        conf.chmod(0o700)
+        auth = {"spark.authenticate": "true", "spark.authenticate.secret": secrets.token_hex(32)}
+        write_private_properties(self.properties_file, {**DAEMON_SETTINGS, **auth})
+        write_private_properties(self.submit_properties, auth)
 
     # -- the master's view -------------------------------------------------------------------
     def master_json(self, timeout: float = 2.0) -> dict | None:
@@ -664,8 +691,10 @@ class LocalSparkCluster:
         self, app_file: Path | str, args: Sequence[str] = (), conf: Mapping[str, str] | None = None,
         extra: Sequence[str] = (),
     ) -> list[str]:  # fmt: skip
-        """The spark-submit command line `submit` runs."""
+        """The spark-submit command line `submit` runs: the cluster's secret comes from its
+        submit.properties file (--load-spark-defaults: spark-defaults.conf is read as well)."""
         cmd = [str(spark_home() / "bin" / "spark-submit"), "--master", self.master_url, "--deploy-mode", "client"]
+        cmd += ["--properties-file", str(self.submit_properties), "--load-spark-defaults"]
         for key, value in self.submit_conf(conf).items():
             cmd += ["--conf", f"{key}={value}"]
         return [*cmd, *extra, str(app_file), *args]
@@ -681,6 +710,12 @@ class LocalSparkCluster:
         """Runs `spark-submit` of a Python application against this cluster, in its own process group;
         returns at once. The driver's stdout goes to apps/NAME-N.out, Spark's log to apps/NAME-N.log."""
         self._require_master()
+        if not self.submit_properties.exists():
+            raise EnvironmentProblem(
+                f"the Spark cluster in {self.workdir} has no {self.submit_properties.name}: it was started by an eos "
+                "that did not authenticate its applications",
+                hint=f"restart it: `eos spark-cluster stop --dir {self.workdir}`, then `... start`",
+            )
         apps = self.workdir / "apps"
         apps.mkdir(parents=True, exist_ok=True)
         stem = f"{Path(app_file).stem}-{time.strftime('%H%M%S')}-{len(self._submissions)}"

@@ -68,9 +68,13 @@ class JvmGateway:
         from pyspark import SparkConf
         from pyspark.java_gateway import launch_gateway
 
+        from eos.sparksession import secret_settings
+
         spark_conf = SparkConf(loadDefaults=False)
         spark_conf.set("spark.driver.memory", "256m")
-        for key, value in conf.items():
+        # Handed to the JVM on its command line: never the secret ones (the spark.hadoop.* among
+        # them are set on Hadoop's configuration below, inside the JVM).
+        for key, value in secret_settings(conf)[0].items():
             spark_conf.set(key, value)
         # Under spark-submit this is the driver's own gateway: used, never shut down.
         self.owned = "PYSPARK_GATEWAY_PORT" not in os.environ

@@ -11,8 +11,12 @@ application (tests/apps/cluster_probe.py) runs two rounds, each one Spark job ov
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import stat
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +138,58 @@ def test_daemon_thread_outlives_its_task(probe: ProbeRun) -> None:
         # It waited for the whole job to be over, then 300 ms more, and still did its work.
         assert entry["written_at"] >= entry["job_done_at"] + 0.25
         assert entry["work"] == sum(i * i for i in range(100_000))
+
+
+def test_the_clusters_secret_is_private(cluster: LocalSparkCluster, probe: ProbeRun) -> None:
+    """Every process of the cluster and the application authenticates with the cluster's secret,
+    and no command line shows it (the daemons read it from a file, executors get it from their
+    worker's environment, drivers from submit.properties): only this user can read it."""
+    probe.round("probe")  # the application runs, with its executors
+    settings = dict(line.split("=", 1) for line in cluster.submit_properties.read_text().splitlines())
+    secret = settings["spark.authenticate.secret"]
+    assert settings["spark.authenticate"] == "true" and len(secret) >= 32
+    for path in (cluster.submit_properties, cluster.properties_file):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert stat.S_IMODE(cluster.submit_properties.parent.stat().st_mode) == 0o700
+    processes = [cluster.master_pid(), *(w.pid for w in cluster.status().workers)]
+    processes += [pid for pids in cluster.executors().values() for pid in pids] + cluster.driver_pids(probe.popen)
+    assert len(processes) >= 6, processes  # master, 2 workers, 2 executors, the driver's JVM and Python
+    shown = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if secret in " ".join(_cmdline(pid))]
+    assert shown == [], [" ".join(_cmdline(pid))[:300] for pid in shown]
+
+
+def test_an_application_without_the_secret_is_refused(cluster: LocalSparkCluster, tmp_path: Path) -> None:
+    """What another local user could do: submit to the master's port without the secret. The
+    master refuses the connection, and the application never registers or runs a task."""
+    app = tmp_path / "intruder.py"
+    app.write_text(
+        "from pyspark.sql import SparkSession\n"
+        "spark = SparkSession.builder.appName('eos-intruder').getOrCreate()\n"
+        "print('RAN', spark.range(4).count(), flush=True)\n"
+    )
+    command = cluster.submit_command(app, conf=QUICK_START_CONF)
+    at = command.index("--properties-file")
+    del command[at : at + 2]
+    log = tmp_path / "intruder.log"
+    with open(log, "wb") as out:
+        intruder = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=cluster.environment(), start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + APP_TIMEOUT_S
+        while "Failed to connect to master" not in log.read_text(errors="replace"):
+            assert intruder.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "the application neither failed to connect nor ran"
+            document = cluster.master_json() or {}
+            apps = document.get("activeapps", []) + document.get("completedapps", [])
+            assert "eos-intruder" not in [a.get("name") for a in apps], "the master let it in"
+            time.sleep(0.5)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(intruder.pid, signal.SIGKILL)
+        intruder.wait()
+    assert "RAN" not in log.read_text(errors="replace")
+    assert "maybe your client does not have SASL enabled" in cluster.log_file("master").read_text(errors="replace")
 
 
 def test_kill_worker_mid_job(cluster: LocalSparkCluster, probe: ProbeRun) -> None:

@@ -99,3 +99,16 @@ def test_docker_compose_config_accepts_the_file():
         pytest.skip("the docker compose plugin is not installed here; the other compose checks still ran")
     result = subprocess.run([*cli, "-f", str(COMPOSE), "config", "--quiet"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_metrics_endpoint_another_container_scrapes_listens_beyond_loopback(compose):
+    """eos serves its metrics on 127.0.0.1 unless told otherwise: every target Prometheus scrapes
+    must be a service started with --metrics-host 0.0.0.0 and that port."""
+    scrape = yaml.safe_load((ROOT / "ops" / "prometheus" / "prometheus.yml").read_text())
+    targets = [t for job in scrape["scrape_configs"] for c in job["static_configs"] for t in c["targets"]]
+    assert targets
+    for target in targets:
+        service, port = target.rsplit(":", 1)
+        command = [str(part) for part in compose["services"][service]["command"]]
+        assert command[command.index("--metrics-port") + 1] == port, command
+        assert command[command.index("--metrics-host") + 1] == "0.0.0.0", command

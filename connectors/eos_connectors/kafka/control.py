@@ -51,6 +51,12 @@ class KafkaControlLog(ControlLog):
         self._producer: Any = None
         self._admin: Any = None
 
+    def __repr__(self) -> str:  # never the client's secrets
+        return (
+            f"KafkaControlLog(pipeline={self.pipeline!r}, topic={self.topic!r}, "
+            f"bootstrap={self.client.get('bootstrap.servers')!r})"
+        )
+
     @property
     def admin(self) -> Any:
         """One admin client for every read (a new one connects first: tens of ms each, and a

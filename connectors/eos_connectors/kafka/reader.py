@@ -98,6 +98,14 @@ class ReaderOptions:
     poison_scan: bool = False  # the pipeline's second scan, for poison rows only (eos.protocol.source)
     shared_ends: SharedEnds | None = None  # where every scan of the source takes each epoch's ends
 
+    def __repr__(self) -> str:  # the client settings with their secrets masked
+        from eos.api import redacted  # here: the read side's processes load no pydantic
+
+        return (
+            f"ReaderOptions(name={self.name!r}, client={redacted(self.client)!r}, topics={self.topics!r}, "
+            f"parallelism={self.parallelism!r}, on_error={self.on_error!r}, poison_scan={self.poison_scan!r})"
+        )
+
     def failpoints_armed(self) -> Failpoints | None:
         return (
             Failpoints(parse_failpoints(self.failpoints), self.failpoint_state, self.driver_pgid)

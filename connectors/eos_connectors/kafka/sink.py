@@ -49,6 +49,7 @@ from eos.api import (
     SlotContext,
     SlotWriter,
     WriterFactory,
+    redacted,
 )
 from eos_connectors.formats import avro, check_formats
 from eos_connectors.formats.encode import sink_columns
@@ -342,6 +343,12 @@ class KafkaWriterFactory(WriterFactory):
 
     def open(self, ctx: SlotContext) -> KafkaWriter:
         return KafkaWriter(self, ctx)
+
+    def __repr__(self) -> str:  # the client settings with their secrets masked
+        return (
+            f"KafkaWriterFactory(sink={self.sink!r}, topic={self.topic!r}, client={redacted(self.client)!r}, "
+            f"prefix={self.prefix!r}, exactly_once={self.exactly_once!r})"
+        )
 
     def config(self, txid: str | None, on_delivery: Any) -> dict[str, Any]:
         config = {

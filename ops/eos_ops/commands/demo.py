@@ -20,6 +20,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         events=args.events,
         seed=args.seed,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
         keep_running=args.keep_running,
         pg_port=args.pg_port,
         external_postgres=args.external_postgres,
@@ -45,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--events", type=int, default=40_000, help="distinct ad events to generate (40000)")
     demo.add_argument("--seed", type=int, default=7, help="generator seed (7)")
     demo.add_argument("--metrics-port", type=int, help="serve Prometheus metrics from the driver on this port")
+    demo.add_argument(
+        "--metrics-host", help="the address the metrics listen on (127.0.0.1; 0.0.0.0 for another container)"
+    )
     demo.add_argument(
         "--keep-running",
         action="store_true",

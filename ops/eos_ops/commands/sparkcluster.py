@@ -26,6 +26,11 @@ def cmd_start(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     cluster.start(timeout=args.timeout, progress=_say)
     _say(f"Submit with: {' '.join(cluster.submit_command('APP.py'))}")
+    _say(
+        f"Applications must authenticate: the secret is in {cluster.submit_properties} (readable by you only). "
+        '`eos run --master` takes it as spark.authenticate: "true" and spark.authenticate.secret: '
+        '"${VAR}" in the pipeline\'s spark.conf.'
+    )
     print(cluster.master_url)
     return 0
 
@@ -60,7 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="manage a local Spark standalone cluster (master + workers from the PySpark wheel)",
         description="Manage a Spark standalone cluster on loopback: one master and N workers started from the "
         "installed PySpark (its wheel carries Spark), each in its own process group with its own log under "
-        "--dir. Ports are free ones chosen at start; `start` prints the master URL.",
+        "--dir. Ports are free ones chosen at start; `start` prints the master URL. Every process and application "
+        "authenticates (spark.authenticate) with a secret made at each start, kept in --dir/conf/submit.properties "
+        "(mode 0600): an application without it is refused.",
     )
     csub = cluster.add_subparsers(dest="spark_cluster_command", required=True, metavar="{start,stop,status}")
 
