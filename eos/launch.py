@@ -30,7 +30,7 @@ from eos.protocol.coordinator import Coordinator
 from eos.protocol.decision import ControlLog, ControlState
 from eos.protocol.report import EpochListener
 from eos.query import EosQuery, RunResult, Tally, guarded
-from eos.startup import check_changes_while_pending, settle
+from eos.startup import check_changes_while_pending, check_name_is_ours, settle
 
 if TYPE_CHECKING:
     from eos.pipeline import Pipeline, StartOptions
@@ -68,6 +68,9 @@ def launch(pipeline: Pipeline, options: StartOptions) -> EosQuery:
         # the plan is checked; one told to fence a live driver (take_over) still waits for a plan
         # that succeeded, and finish_pending with nothing pending fences nothing. The sinks' slow
         # set-up (a new pipeline's ledger topic) runs beside both.
+        if control is not None and prepared.created:
+            # Read before anything is fenced: a copy of another pipeline's file must not fence it.
+            check_name_is_ours(pipeline.opened, control.previous_driver(), header.name)
         overlap = control is not None and driver is not None and not options.take_over and not options.finish_pending
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="eos-beside-build") as pool:
             setting_up = [pool.submit(sink.set_up) for sink in found.sinks]

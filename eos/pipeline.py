@@ -51,7 +51,7 @@ from eos.config import (
 )
 from eos.errors import ConfigError, EosError
 from eos.failpoints import SOURCE_POINTS, Failpoints, from_specs
-from eos.model import redacted
+from eos.model import masked_text, redacted
 from eos.protocol.checkpoint import Checkpoint
 from eos.protocol.plan import SINK_TAG, SinkPlan, sink_column
 from eos.protocol.report import EpochListener
@@ -405,7 +405,8 @@ class Pipeline:
 
         return DriverInfo(
             self.run_id, socket.gethostname(), os.getpid(), coordinator.address.hostport, pipeline=self.name,
-            ping_key=coordinator.ping_key,
+            ping_key=coordinator.ping_key, checkpoint_id=self.opened.checkpoint_id,
+            checkpoint=masked_text(self.checkpoint.uri),
         )  # fmt: skip
 
     def close(self) -> None:

@@ -58,6 +58,8 @@ def checks(
     for kind, index, connector in entries:
         label = f"{'source' if kind == 'sources' else 'sink'} {connector.name}"
         yield label, lambda k=kind, i=index, c=connector: _connector(config, k, i, c)
+    if config.exactly_once and found.sources:
+        yield f"pipeline name {config.name}", lambda: _name_is_ours(config, base_dir, found.sources[0])
 
 
 def run_checks(config: PipelineConfig, base_dir: Path | None, stop_at_first: bool) -> list[Finding]:
@@ -144,6 +146,30 @@ def _checkpoint_writable(config: PipelineConfig, base_dir: Path | None) -> str:
             where,
         )
     return f"{path} ({'exists' if path.exists() else 'will be created'}, writable)"
+
+
+def _name_is_ours(config: PipelineConfig, base_dir: Path | None, source: object) -> str:
+    """A new local checkpoint must not take a name another checkpoint's pipeline runs under
+    (eos.startup.check_name_is_ours); a remote checkpoint is checked when Spark has started."""
+    from eos.protocol.checkpoint import Checkpoint
+    from eos.startup import OpenedCheckpoint, check_name_is_ours
+
+    location = config.checkpoint_path(base_dir)
+    if not is_local(location):
+        return "checked when Spark starts"
+    checkpoint = Checkpoint(location)
+    if checkpoint.files.exists("_eos/pipeline.json"):
+        return "this checkpoint's"
+    control = source.control_log()  # type: ignore[attr-defined]
+    try:
+        previous = control.previous_driver()
+    finally:
+        control.close()
+    try:
+        check_name_is_ours(OpenedCheckpoint(checkpoint, None, "(new)", None), previous, config.name)
+    except EosError as exc:
+        raise located(exc, config.where(("name",))) from None
+    return "not used by another checkpoint"
 
 
 def _can_write(folder: Path) -> bool:

@@ -105,6 +105,26 @@ def settle(
     return StartState(meta, False, opened.pending, changes)
 
 
+def check_name_is_ours(opened: OpenedCheckpoint, previous: Any, pipeline: str) -> None:
+    """A pipeline's name belongs to one checkpoint: its transactional ids, ledger and control log
+    are named after it. A new checkpoint whose name's last driver ran on another checkpoint is a
+    copy of that pipeline (a copied file), and starting it would fence that pipeline's driver and
+    then find its ledger foreign. Refused before anything is fenced, with the fix that is not
+    destructive: the copy takes a name of its own."""
+    if not opened.created or previous is None or not getattr(previous, "checkpoint_id", ""):
+        return
+    if previous.checkpoint_id == opened.checkpoint_id:
+        return
+    where = f" at {previous.checkpoint}" if previous.checkpoint else ""
+    raise CheckpointError(
+        f"the pipeline name {pipeline!r} is in use by another checkpoint{where} (its last driver ran on "
+        f"{previous.host}); this checkpoint ({opened.checkpoint.uri}) is new. Two checkpoints must never run one "
+        "pipeline name: their transactional ids, ledger and control log would be shared.",
+        hint="if this file is a copy of that pipeline, give the copy its own `name:`; if this checkpoint is meant "
+        "to replace that one, stop the pipeline and `eos reset` it with its own file first",
+    )
+
+
 def check_changes_while_pending(prepared: StartState, state: ControlState) -> None:
     """A changed config is refused while the pending epoch may have committed anywhere: a replay
     under the new config would route or encode its records differently from what is committed

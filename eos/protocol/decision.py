@@ -41,6 +41,10 @@ class DriverInfo:
     # The secret with which its vote service proves it is this driver when pinged
     # (eos.protocol.channel.ping). It opens nothing: it can only make a new driver wait.
     ping_key: str = field(default="", repr=False)
+    # The checkpoint it runs the pipeline on: a pipeline's name belongs to one checkpoint, and a
+    # copy of its file with a new checkpoint must take a name of its own (eos.launch).
+    checkpoint_id: str = ""
+    checkpoint: str = ""  # its location, for the message that names it
 
 
 @dataclass(frozen=True)
