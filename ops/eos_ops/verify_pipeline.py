@@ -87,11 +87,14 @@ class Progress:
             return dict(self.starts.get(source, {}))  # nothing committed: nothing expected
         return self.epochs[-1].ends.get(source, {})
 
-    def epoch_watermark(self, source: str, tp: TopicPartition, offset: int) -> int:
-        """The watermark of the epoch that read `offset` (0 if its epoch is no longer logged)."""
-        for epoch in self.epochs:
+    def late_watermark(self, source: str, tp: TopicPartition, offset: int) -> int:
+        """The watermark a stateful operator dropped late rows by in the epoch that read `offset`:
+        the previous epoch's (Spark filters late rows by the previous micro-batch's watermark and
+        evicts state by the current one, SPARK-40925). 0 if unknown (no longer logged)."""
+        for index, epoch in enumerate(self.epochs):
             if offset < epoch.ends.get(source, {}).get(tp, -1):
-                return epoch.watermark_ms
+                previous = self.epochs[index - 1] if index > 0 else None
+                return previous.watermark_ms if previous and previous.number == epoch.number - 1 else 0
         return 0
 
 
@@ -263,9 +266,20 @@ def build_views(
     session: Any, config: PipelineConfig, sources: list[SourceInput], base_dir: Path, without: set[Any]
 ) -> None:
     """Every source as a view of its decoded rows (minus `without`), then every transform."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
     for source in sources:
-        rows = [row for record, row in source.good if (record.topic, record.partition, record.offset) not in without]
-        view = session.createDataFrame(rows, source.schema)
+        names = source.schema.names
+        rows = [
+            dict(zip(names, row, strict=True))
+            for record, row in source.good
+            if (record.topic, record.partition, record.offset) not in without
+        ]
+        # Through Arrow: a local relation in the JVM, no Python worker (a list of rows would be
+        # a Python RDD, run by Python workers).
+        table = pa.Table.from_pylist(rows, schema=to_arrow_schema(source.schema, timezone="UTC"))
+        view = session.createDataFrame(table, source.schema)
         if source.entry.watermark is not None:  # a no-op in batch; kept so the SQL plans as written
             watermark = source.entry.watermark
             view = view.withWatermark(watermark.column, f"{int(watermark.delay * 1000)} milliseconds")
@@ -606,8 +620,9 @@ def _verify(
     alternatives: list[Expected | None] = [None] * len(expected)
     if late:
         notes.append(
-            f"{len(late)} records had event times at or below their epoch's watermark: streaming drops them "
-            "from stateful operators where the batch query counts them; rows they change may hold either value"
+            f"{len(late)} records had event times at or below the watermark their epoch dropped late rows by: "
+            "streaming drops them from stateful operators where the batch query counts them; rows they change may "
+            "hold either value"
         )
         build_views(session, config, sources, base_dir, late)
         alternatives = [expected_rows(session, config, e, k, True) for e, k in sinks]
@@ -679,12 +694,12 @@ def _final_watermark(sources: list[SourceInput]) -> int | None:
 
 
 def _late_records(sources: list[SourceInput], progress: Progress) -> set[tuple[str, int, int]]:
-    """Records whose event time was at or below the watermark of the epoch that read them: a
-    stateful operator may have dropped them (it does when their window had closed)."""
+    """Records whose event time was at or below the late-row watermark of the epoch that read
+    them: a stateful operator may have dropped them (it does when their window had closed)."""
     late = set()
     for source in sources:
         for at, event in source.event_ms.items():
-            mark = progress.epoch_watermark(source.entry.name, (at[0], at[1]), at[2])
+            mark = progress.late_watermark(source.entry.name, (at[0], at[1]), at[2])
             if mark > 0 and event <= mark:
                 late.add(at)
     return late
