@@ -58,6 +58,16 @@ def client_settings(client: Client) -> dict[str, Any]:
     return {"bootstrap.servers": client} if isinstance(client, str) else dict(client)
 
 
+def _client(kind: Any, settings: dict[str, Any]) -> Any:
+    """A confluent-kafka client; settings librdkafka refuses are the user's config error."""
+    from confluent_kafka import KafkaException
+
+    try:
+        return kind(settings)
+    except (KafkaException, ValueError, TypeError) as exc:
+        raise ConfigError(f"Kafka client settings for {settings.get('bootstrap.servers')}: {exc}") from None
+
+
 def topic_ends(client: Client, topic: str, read_committed: bool = True) -> dict[int, tuple[int, int]]:
     """(log start, end) of every partition of `topic`: the end is the last stable offset for
     read_committed (aborted records and open transactions are invisible), else the high
@@ -65,7 +75,7 @@ def topic_ends(client: Client, topic: str, read_committed: bool = True) -> dict[
     from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
-    admin = AdminClient({**client_settings(client), "logger": log})
+    admin = _client(AdminClient, {**client_settings(client), "logger": log})
     try:
         metadata = admin.list_topics(topic=topic, timeout=15)
     except KafkaException as exc:
@@ -115,7 +125,7 @@ def read_topic(
     if not ranges:
         return []
     settings = client_settings(client)
-    consumer = Consumer({
+    consumer = _client(Consumer, {
         **settings,
         "group.id": settings.get("group.id", "eos-verify"),
         "enable.auto.commit": False,
