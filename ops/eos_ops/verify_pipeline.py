@@ -340,6 +340,7 @@ class Expected:
     ends: list[Instant | None]  # each row's window end, if known
     nodes: set[str]
     end_found: str  # how the window ends were found, or why not
+    columns: list[str]  # a table's columns to compare
 
     def split(self, open_after: int) -> tuple[list[Any], list[Any]]:
         """(closed, open): rows whose window ends after `open_after` are still open."""
@@ -357,6 +358,7 @@ def expected_rows(session: Any, config: PipelineConfig, entry: Any, kind: str, w
 
     view = session.table(config.sink_input(entry))
     columns = [F.col(f"`{c}`") for c in view.columns]
+    names: list[str] = []
     if kind == "kafka":
         if entry.value is not None:
             value = F.expr(entry.value)
@@ -373,6 +375,7 @@ def expected_rows(session: Any, config: PipelineConfig, entry: Any, kind: str, w
         pg = entry.postgres
         chosen = [F.expr(e).alias(n) for n, e in pg.columns.items()] if pg.columns else columns
         parts = [F.struct(*chosen).alias("value")]
+        names = list(pg.columns) if pg.columns else list(view.columns)
     end, how = window_end(view, config) if with_end else (None, "")
     if end is not None:
         parts.append(end.alias("window_end"))
@@ -381,7 +384,7 @@ def expected_rows(session: Any, config: PipelineConfig, entry: Any, kind: str, w
         data = json.loads(text)
         ends.append(canonical(data.pop("window_end", None)))
         rows.append(canonical(data if kind == "kafka" else data.get("value", {})))
-    return Expected(rows, ends, plan_nodes(view), how)
+    return Expected(rows, ends, plan_nodes(view), how, names)
 
 
 def _as_written(column: Any, format_type: str) -> Any:
@@ -422,12 +425,11 @@ def read_kafka_sink(entry: Any, base_dir: Path, check: Check) -> list[tuple[Any,
     return rows
 
 
-def read_postgres_sink(entry: Any, expected: list[Any], check: Check) -> list[Any]:
+def read_postgres_sink(entry: Any, wanted: list[str], check: Check) -> list[Any]:
     pg = entry.postgres
     rows = [row for _, row in read_table(pg.dsn, pg.table)]
     check.output_records = len(rows)
     check.prepared = prepared_transactions(pg.dsn)
-    wanted = list(pg.columns) if pg.columns else sorted({c for row in expected for c in row} | set(pg.key or ()))
     if rows:
         missing = [c for c in wanted if c not in rows[0]]
         if missing:
@@ -478,7 +480,7 @@ def check_sink(
         return check
     pg = entry.postgres
     check.target = f"PostgreSQL table {pg.table}"
-    seen_rows = read_postgres_sink(entry, expected.rows, check)
+    seen_rows = read_postgres_sink(entry, expected.columns, check)
     if pg.mode == "upsert":
         check.semantics = f"upsert: the last value per key ({', '.join(pg.key)}) counts"
         key = identity_of(lambda row: {k: row.get(k) for k in pg.key})
@@ -582,10 +584,13 @@ def verify_pipeline(path: str | Path, tolerance: Tolerance | None = None, spark:
     for entry in config.sources:
         if not hasattr(entry, "kafka"):
             raise ConfigError(f"source {entry.name}: eos verify reads Kafka sources only")
-    own = spark is None
-    if own:
+    own = False
+    if spark is None:
+        from pyspark import SparkContext
+
         from eos.sparksession import build_spark
 
+        own = SparkContext._active_spark_context is None  # stop only a Spark this call started
         spark = build_spark("eos-verify", master="local[2]", conf={"spark.sql.shuffle.partitions": "2"})
     try:
         with warnings.catch_warnings():

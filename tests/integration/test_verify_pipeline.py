@@ -20,6 +20,7 @@ import psycopg
 from confluent_kafka import TopicPartition
 from psycopg import sql
 
+from eos.cli import main as eos_main
 from eos_connectors.kafka.clients import producer
 from eos_ops.verify import read_topic
 from eos_ops.verify_pipeline import verify_pipeline
@@ -89,7 +90,7 @@ def produce_in_one_transaction(bootstrap: str, topic: str, records: list[tuple[s
 
 
 def test_the_users_pipeline_verifies_exactly_once_and_tampering_is_named(
-    spark, bootstrap, admin, new_topic, unique_name, postgres, tmp_path
+    spark, bootstrap, admin, new_topic, unique_name, postgres, tmp_path, capsys
 ):
     source, sink, dlq = new_topic(partitions=2), new_topic(partitions=2), new_topic(prefix="dlq")
     values, totals = orders()
@@ -146,6 +147,19 @@ def test_the_users_pipeline_verifies_exactly_once_and_tampering_is_named(
     dead = by_name(report, "dead letters of source orders")
     assert len(dead.lost) == 1 and "malformed JSON" in dead.lost[0] and f"{source}/" in dead.lost[0], text
     assert "wrong (key, seen, expected), e.g.: [\"('DE'" in text and "lost, e.g.:" in text
+    assert text.endswith(
+        "result: FAILED (sink totals: 1 duplicated, 1 wrong; sink totals_pg: 1 wrong; dead letters of source orders: "
+        "1 lost)"
+    ), text
+
+    # The command in this process: --json, exit 1 (and the test's Spark session is left running).
+    capsys.readouterr()
+    assert eos_main(["verify", "--json", str(path)]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert not data["ok"] and [(c["name"], c["wrong"], c["lost"]) for c in data["checks"]] == [
+        ("sink totals", 1, 0), ("sink totals_pg", 1, 0), ("dead letters of source orders", 0, 1)
+    ]  # fmt: skip
+    assert spark.range(1).count() == 1
 
 
 def test_a_stateless_pipeline_verifies_exactly_once(spark, bootstrap, new_topic, unique_name, postgres, tmp_path):

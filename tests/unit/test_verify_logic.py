@@ -213,6 +213,12 @@ def test_a_spec_carries_client_settings_and_a_tolerance(tmp_path, capsys, monkey
     assert loaded.kafka == {"security.protocol": "SASL_SSL", "sasl.password": "s3cret", "bootstrap.servers": "b:9093"}
     assert loaded.tolerance == Tolerance(rel=0.001)
     assert load_spec(spec, tolerance=Tolerance(0.5, 0.5)).tolerance == Tolerance(0.5, 0.5)
+    client = tmp_path / "client.yaml"  # --kafka-config: settings from a file, secrets from the environment
+    client.write_text("sasl.password: ${KAFKA_PASSWORD}\nbogus.cli.setting: 1\n")
+    for args in (["--spec", str(spec)], ["--bootstrap", "127.0.0.1:1", "--input", "i", "--output", "o"]):
+        assert eos_main(["verify", "--kafka-config", str(client), *args]) == 2
+        err = capsys.readouterr().err
+        assert 'No such configuration property: "bogus.cli.setting"' in err and "s3cret" not in err
     spec.write_text(spec.read_text() + "agregate: {}\n")
     assert eos_main(["verify", "--spec", str(spec)]) == 2
     assert "unknown field 'agregate'; did you mean 'aggregate'?" in capsys.readouterr().err
