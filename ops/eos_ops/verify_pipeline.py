@@ -56,7 +56,7 @@ from eos_ops.verify_compare import Instant, Position, Tolerance, canonical
 from eos_ops.verify_decode import FormatDecoder, Poison
 
 TopicPartition = tuple[str, int]
-STATEFUL = {"Aggregate", "Deduplicate", "DeduplicateWithinWatermark", "Join", "FlatMapGroupsWithState"}
+STATEFUL = {"Aggregate", "Distinct", "Deduplicate", "DeduplicateWithinWatermark", "Join", "FlatMapGroupsWithState"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,6 +195,7 @@ def read_source(entry: Any, progress: Progress, base_dir: Path, zone: str) -> So
             )
         starts = {} if kafka.starting_offsets == "earliest" else _offsets(kafka.starting_offsets)
     watermark = entry.watermark
+    event_at = schema.names.index(watermark.column) if watermark and watermark.column in schema.names else None
     for topic in kafka.topics:
         start = {p: o for (t, p), o in starts.items() if t == topic}
         end = None
@@ -224,13 +225,15 @@ def read_source(entry: Any, progress: Progress, base_dir: Path, zone: str) -> So
             else:
                 row = (key, value, *meta[1:])
             source.good.append((record, row))
-            if watermark is not None:
-                event = row[schema.fieldNames().index(watermark.column)] if watermark.column in schema.names else None
-                if isinstance(event, datetime):
-                    source.event_ms[(record.topic, record.partition, record.offset)] = canonical(event).millis
+            if event_at is not None and isinstance(row[event_at], datetime):
+                source.event_ms[(record.topic, record.partition, record.offset)] = canonical(row[event_at]).millis
     origin = "the checkpoint's starting offsets" if progress.found else f"`{kafka.starting_offsets}`"
-    upto = f"the end of epoch {progress.committed}" if ends is not None else "the current end"
-    source.span = f"from {origin} to {upto}"
+    if ends is None:
+        source.span = f"from {origin} to the current end"
+    elif progress.committed is None:
+        source.span = f"from {origin}: no epoch committed yet"
+    else:
+        source.span = f"from {origin} to the end of epoch {progress.committed}"
     return source
 
 
@@ -369,8 +372,10 @@ def expected_rows(session: Any, config: PipelineConfig, entry: Any, kind: str, w
         else:
             raise ConfigError(f"sink {entry.name}: say which column is the value (value: ...)")
         key = F.expr(entry.key) if entry.key else F.lit(None)
-        parts = [_as_written(key, entry.key_format.type).alias("key"), _as_written(value, entry.value_format.type)]
-        parts[1] = parts[1].alias("value")
+        parts = [
+            _as_written(key, entry.key_format.type).alias("key"),
+            _as_written(value, entry.value_format.type).alias("value"),
+        ]
     else:
         pg = entry.postgres
         chosen = [F.expr(e).alias(n) for n, e in pg.columns.items()] if pg.columns else columns
@@ -448,7 +453,7 @@ def check_sink(
     tol: Tolerance,
 ) -> Check:
     update = config.epochs.output_mode == "update"
-    aggregate = "Aggregate" in expected.nodes
+    aggregate = bool({"Aggregate", "Distinct"} & expected.nodes)  # SELECT DISTINCT streams as an aggregate
     rows = expected.rows
     alternative = without_late.rows if without_late is not None else None
     check = Check(f"sink {entry.name}", "", "")
@@ -527,7 +532,7 @@ def check_dead_letters(source: SourceInput, pipeline: str) -> Check:
             if (letter.key, letter.value) != (original.key, original.value):
                 check.wrong.append((where, _raw(letter), _raw(original)))
         else:
-            check.unexpected.append(f"{where} (verify decodes that record)")
+            check.unexpected.append(f"{where} (not a poison record of the checked input)")
     check.lost = [f"{where}: {why}" for where, (_, why) in expected.items() if where not in seen]
     check.duplicated = [f"{where} x{n}" for where, n in seen.items() if n > 1]
     if others:
