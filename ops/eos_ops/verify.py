@@ -20,18 +20,23 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
+import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from eos.config import parse_duration
-from eos.errors import ConfigError
-from eos_connectors.kafka.clients import admin_client, describe_partitions, end_offsets
-from eos_connectors.kafka.range_reader import range_consumer, read_range
+from eos.errors import ConfigError, EnvironmentProblem
+from eos_ops.verify_compare import Tolerance, equal
+
+# librdkafka's own log lines (config warnings, retries) go to this logger, never raw to stderr.
+log = logging.getLogger("eos.kafka.verify")
+log.addHandler(logging.NullHandler())
 
 
 @dataclass(frozen=True)
@@ -45,26 +50,124 @@ class Record:
     timestamp_ms: int
 
 
-def read_topic(bootstrap: str | dict[str, Any], topic: str, read_committed: bool = True) -> list[Record]:
-    """Every record of `topic` from the start to its current end: the last stable offset for
-    read_committed (aborted records and open transactions are invisible), else the high
-    watermark (everything written, aborted records included)."""
-    client = {"bootstrap.servers": bootstrap} if isinstance(bootstrap, str) else dict(bootstrap)
-    admin = admin_client(client)
-    partitions = describe_partitions(admin, [topic])
-    ends = end_offsets(admin, partitions, read_committed=read_committed)
-    reader = range_consumer(client, read_committed)
-    records: list[Record] = []
+Client = str | Mapping[str, Any]
+
+
+def client_settings(client: Client) -> dict[str, Any]:
+    """A bootstrap string, or a whole client config (bootstrap.servers plus SASL/SSL settings...)."""
+    return {"bootstrap.servers": client} if isinstance(client, str) else dict(client)
+
+
+def _client(kind: Any, settings: dict[str, Any]) -> Any:
+    """A confluent-kafka client; settings librdkafka refuses are the user's config error."""
+    from confluent_kafka import KafkaException
+
     try:
-        for partition in partitions[topic]:
-            for batch in read_range(reader, topic, partition, 0, ends[(topic, partition)]):
-                records.extend(
-                    Record(topic, partition, m.offset(), m.key(), m.value(), tuple(m.headers() or ()), m.timestamp()[1])
-                    for m in batch
+        return kind(settings)
+    except (KafkaException, ValueError, TypeError) as exc:
+        raise ConfigError(f"Kafka client settings for {settings.get('bootstrap.servers')}: {exc}") from None
+
+
+def topic_ends(client: Client, topic: str, read_committed: bool = True) -> dict[int, tuple[int, int]]:
+    """(log start, end) of every partition of `topic`: the end is the last stable offset for
+    read_committed (aborted records and open transactions are invisible), else the high
+    watermark."""
+    from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    admin = _client(AdminClient, {**client_settings(client), "logger": log})
+    try:
+        metadata = admin.list_topics(topic=topic, timeout=15)
+    except KafkaException as exc:
+        raise EnvironmentProblem(f"Kafka: cannot read the metadata of topic {topic!r}: {exc}") from None
+    info = metadata.topics.get(topic)
+    if info is None or info.error is not None or not info.partitions:
+        error = f" ({info.error})" if info is not None and info.error is not None else ""
+        raise ConfigError(f"topic {topic!r} does not exist or cannot be described{error}")
+    partitions = sorted(info.partitions)
+    level = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
+    found: dict[int, list[int]] = {p: [0, 0] for p in partitions}
+    for index, spec in ((0, OffsetSpec.earliest()), (1, OffsetSpec.latest())):
+        request = {TopicPartition(topic, p): spec for p in partitions}
+        deadline = time.monotonic() + 30
+        while True:  # a topic created a moment ago may not have a leader yet
+            try:
+                answers = admin.list_offsets(request, isolation_level=level, request_timeout=15)
+                for tp, future in answers.items():
+                    found[tp.partition][index] = future.result().offset
+                break
+            except KafkaException as exc:
+                if time.monotonic() > deadline or not exc.args[0].retriable():
+                    raise EnvironmentProblem(f"Kafka: cannot list the offsets of topic {topic!r}: {exc}") from None
+                time.sleep(0.2)
+    return {p: (start, end) for p, (start, end) in found.items()}
+
+
+def read_topic(
+    client: Client,
+    topic: str,
+    read_committed: bool = True,
+    start: Mapping[int, int] | None = None,
+    end: Mapping[int, int] | None = None,
+    stall_timeout_s: float = 60.0,
+) -> list[Record]:
+    """Every record of `topic` from `start` (default: the log start) to `end` (default: its
+    current end, see topic_ends), in partition and offset order, read by a plain assigned
+    consumer (no group is joined or committed to): eos's source shares none of this code."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    ranges = {}
+    for partition, (first, last) in topic_ends(client, topic, read_committed).items():
+        begin = max(first, (start or {}).get(partition, first))
+        stop = min(last, (end or {}).get(partition, last))
+        if stop > begin:
+            ranges[partition] = (begin, stop)
+    if not ranges:
+        return []
+    settings = client_settings(client)
+    consumer = _client(Consumer, {
+        **settings,
+        "group.id": settings.get("group.id", "eos-verify"),
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "isolation.level": "read_committed" if read_committed else "read_uncommitted",
+        "enable.partition.eof": False,
+        "logger": log,
+    })  # fmt: skip
+    found: dict[int, list[Record]] = {p: [] for p in ranges}
+    try:
+        consumer.incremental_assign([TopicPartition(topic, p, begin) for p, (begin, _) in ranges.items()])
+        open_ranges = dict(ranges)
+        progress = time.monotonic()
+        while open_ranges:
+            for message in consumer.consume(1000, 0.1):
+                error = message.error()
+                if error is not None:
+                    if error.fatal() or (not error.retriable() and error.code() != KafkaError._PARTITION_EOF):
+                        raise EnvironmentProblem(f"Kafka: reading {topic}/{message.partition()} failed: {error}")
+                    continue
+                partition, offset = message.partition(), message.offset()
+                if partition in open_ranges and offset < open_ranges[partition][1]:
+                    found[partition].append(Record(
+                        topic, partition, offset, message.key(), message.value(), tuple(message.headers() or ()),
+                        message.timestamp()[1],
+                    ))  # fmt: skip
+                    progress = time.monotonic()
+            # Markers and aborted records take offsets a read_committed reader never receives:
+            # a range is read when the position reaches its end, not when its last record came.
+            positions = consumer.position([TopicPartition(topic, p) for p in open_ranges])
+            for tp in positions:
+                if tp.offset >= open_ranges[tp.partition][1]:
+                    del open_ranges[tp.partition]
+                    consumer.incremental_unassign([TopicPartition(topic, tp.partition)])
+                    progress = time.monotonic()
+            if time.monotonic() - progress > stall_timeout_s:
+                raise EnvironmentProblem(
+                    f"Kafka: no progress reading {topic} partitions {sorted(open_ranges)} for {stall_timeout_s:.0f} s"
                 )
     finally:
-        reader.close()
-    return records
+        consumer.close()
+    return [record for partition in sorted(found) for record in found[partition]]
 
 
 @dataclass(frozen=True)
@@ -83,8 +186,13 @@ def read_table(dsn: str, table: str, where: str | None = None) -> list[tuple[Row
     query = sql.SQL("SELECT * FROM {}").format(sql.Identifier(*table.split(".")))
     if where:
         query = sql.SQL("{} WHERE {}").format(query, sql.SQL(where))
-    with psycopg.connect(dsn, row_factory=psycopg.rows.dict_row) as conn:
-        rows = conn.execute(query).fetchall()
+    try:
+        with psycopg.connect(dsn, row_factory=psycopg.rows.dict_row, connect_timeout=15) as conn:
+            rows = conn.execute(query).fetchall()
+    except psycopg.errors.UndefinedTable:
+        raise ConfigError(f"PostgreSQL: table {table!r} does not exist") from None
+    except psycopg.Error as exc:  # its message never holds the DSN's password
+        raise EnvironmentProblem(f"PostgreSQL: reading table {table!r} failed: {str(exc).strip()}") from None
     return [(Row(table, i), row) for i, row in enumerate(rows)]
 
 
@@ -92,9 +200,12 @@ def prepared_transactions(dsn: str) -> int:
     """Prepared transactions waiting in the database of `dsn`."""
     import psycopg
 
-    with psycopg.connect(dsn) as conn:
-        query = "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()"
-        return int(conn.execute(query).fetchone()[0])
+    try:
+        with psycopg.connect(dsn, connect_timeout=15) as conn:
+            query = "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()"
+            return int(conn.execute(query).fetchone()[0])
+    except psycopg.Error as exc:
+        raise EnvironmentProblem(f"PostgreSQL: counting prepared transactions failed: {str(exc).strip()}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,11 +240,11 @@ class Decoder:
         if cached is None:
             import fastavro
 
-            from eos_connectors.formats.avro_schema import resolve_schema_path
+            from eos_ops.verify_decode import load_avsc
 
             if not self.schema:
                 raise ConfigError("format avro needs a schema (.avsc)")
-            cached = fastavro.parse_schema(json.loads(resolve_schema_path(self.schema).read_text()))
+            cached = fastavro.parse_schema(load_avsc(self.schema, None))
             _schemas[self.schema] = cached
         return cached
 
@@ -205,6 +316,13 @@ class VerifySpec:
     output_table: str | None = None  # a PostgreSQL table instead of an output topic
     dsn: str | None = None  # the table's database (libpq string; PG* environment variables apply too)
     where: str | None = None  # an SQL condition on the table's rows (e.g. one pipeline's share of a table)
+    client: dict[str, Any] = field(default_factory=dict)  # librdkafka settings beyond bootstrap.servers (SASL, SSL)
+    tolerance: Tolerance = field(default_factory=Tolerance)
+
+    @property
+    def kafka(self) -> dict[str, Any]:
+        """Every Kafka client's settings: the spec's `config:` with its bootstrap servers."""
+        return {**self.client, "bootstrap.servers": self.bootstrap}
 
     @property
     def output(self) -> str:
@@ -269,7 +387,7 @@ class VerifyReport:
         for label, items in problems.items():
             if items:
                 yield f"  {label}, e.g.: {_examples(items)}"
-        yield "result: OK, exactly once" if self.ok else "result: FAILED"
+        yield "result: EXACTLY ONCE" if self.ok else "result: FAILED"
 
 
 def _examples(items: list[Any]) -> list[str]:
@@ -377,7 +495,7 @@ def _check_aggregate(spec: VerifySpec, inputs, outputs, report: VerifyReport) ->
     report.wrong = [
         (key, seen[key], {n: totals[key][n] for n in agg.values})
         for key in sorted(set(seen) & set(totals), key=str)
-        if any(seen[key][n] != totals[key][n] for n in agg.values)
+        if not all(equal(seen[key][n], totals[key][n], spec.tolerance) for n in agg.values)
     ]
 
 
@@ -388,7 +506,7 @@ def verify(spec: VerifySpec) -> VerifyReport:
         raise ConfigError("say where the output is: an output topic or an output table, not both")
     if spec.output_table and not spec.dsn:
         raise ConfigError("an output table needs the dsn of its database")
-    inputs_raw = read_topic(spec.bootstrap, spec.input_topic, read_committed=True)
+    inputs_raw = read_topic(spec.kafka, spec.input_topic, read_committed=True)
     relation = (
         f"match {spec.match.input_id} -> {spec.match.output_id}" if spec.match
         else f"aggregate by {', '.join(spec.aggregate.group_by)}"  # type: ignore[union-attr]
@@ -399,8 +517,8 @@ def verify(spec: VerifySpec) -> VerifyReport:
         report = VerifyReport(relation, len(inputs_raw), len(outputs), len(outputs), 0, [], [], [])
         report.prepared = prepared_transactions(spec.dsn)
     else:
-        outputs_raw = read_topic(spec.bootstrap, spec.output_topic, read_committed=True)
-        uncommitted = len(read_topic(spec.bootstrap, spec.output_topic, read_committed=False))
+        outputs_raw = read_topic(spec.kafka, spec.output_topic, read_committed=True)
+        uncommitted = len(read_topic(spec.kafka, spec.output_topic, read_committed=False))
         report = VerifyReport(relation, len(inputs_raw), len(outputs_raw), uncommitted, 0, [], [], [])
         outputs = _decode_all(outputs_raw, spec.output_decoder, report.undecodable)
     inputs = _decode_all(inputs_raw, spec.input_decoder, report.undecodable)
@@ -411,15 +529,28 @@ def verify(spec: VerifySpec) -> VerifyReport:
     return report
 
 
-def load_spec(path: str | Path, bootstrap: str | None = None, dsn: str | None = None) -> VerifySpec:
-    """A verify spec file (YAML): bootstrap, input {topic, format, schema, wire}, output {topic,
-    format, schema, wire} or {table, dsn, where} (a PostgreSQL table; `${VAR}` for the password),
-    and `match: {input_id, output_id, output_id_regex}` or `aggregate: {...}`."""
+SPEC_FIELDS = ("bootstrap", "config", "input", "output", "match", "aggregate", "tolerance")
+
+
+def load_spec(
+    path: str | Path, bootstrap: str | None = None, dsn: str | None = None, tolerance: Tolerance | None = None
+) -> VerifySpec:
+    """A verify spec file (YAML; docs/VERIFY.md): bootstrap and config (librdkafka settings, e.g.
+    SASL/SSL), input {topic, format, schema, wire}, output {topic, format, schema, wire} or
+    {table, dsn, where} (a PostgreSQL table), `match: {input_id, output_id, output_id_regex}` or
+    `aggregate: {...}`, and tolerance {rel, abs}. `${VAR}` takes secrets from the environment."""
+    import difflib
+
     from eos.yamlsource import load_yaml
 
     data = load_yaml(path).data
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a verify spec is a mapping")
+        raise ConfigError(f"{path}: a verify spec is a mapping ({', '.join(SPEC_FIELDS)})")
+    for name in data:
+        if name not in SPEC_FIELDS:
+            close = difflib.get_close_matches(str(name), SPEC_FIELDS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (known fields: {', '.join(SPEC_FIELDS)})"
+            raise ConfigError(f"{path}: unknown field {name!r}{hint}")
     try:
         side = {k: data[k] for k in ("input", "output")}
         table_keys = ("table", "dsn", "where")
@@ -434,6 +565,8 @@ def load_spec(path: str | Path, bootstrap: str | None = None, dsn: str | None = 
             output_table=side["output"].get("table"),
             dsn=dsn or side["output"].get("dsn"),
             where=side["output"].get("where"),
+            client={str(k): v for k, v in (data.get("config") or {}).items()},
+            tolerance=tolerance or Tolerance(**(data.get("tolerance") or {})),
         )
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: invalid verify spec: {exc}") from exc
