@@ -24,7 +24,7 @@ from pathlib import Path
 
 from eos.config import PipelineConfig
 from eos.errors import ConfigError, EnvironmentProblem, EosError
-from eos.pipeline import connectors, load_function, pipeline_info
+from eos.pipeline import connectors, pipeline_info
 from eos.protocol.checkpoint import is_local, local_path
 from eos.yamlpipeline import located
 
@@ -102,21 +102,29 @@ def analyse(config: PipelineConfig, base_dir: Path | None, spark: object = None)
 
 
 def _imports(config: PipelineConfig, base_dir: Path | None, reference: str, index: int) -> str:
+    import importlib.util
+
     if base_dir is not None and str(base_dir.resolve()) not in sys.path:
         sys.path.insert(0, str(base_dir.resolve()))
+    # Found, not imported: a module may need Spark to import (a UDF declared with a DDL type
+    # string), and its own errors are reported, with the line, when the pipeline is built.
+    module_name = reference.partition(":")[0]
     try:
-        function = load_function(reference)
-    except ConfigError as exc:
-        where = config.where(("transforms", index, "python"))
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError) as exc:
+        spec, problem = None, str(exc)
+    else:
+        problem = f"No module named {module_name!r}"
+    if spec is None:
         hint = (
             f"modules are found in the pipeline file's folder ({base_dir}) and on the Python path; put "
-            f"{reference.partition(':')[0]}.py beside the pipeline file, or install it"
+            f"{module_name}.py beside the pipeline file, or install it"
             if base_dir is not None
             else None
         )
-        raise located(ConfigError(exc.message, hint or exc.hint), where) from None
-    module = sys.modules.get(function.__module__)
-    return f"imports from {getattr(module, '__file__', '?')}"
+        problem_error = ConfigError(f"python transform {reference!r}: cannot import {module_name!r}: {problem}", hint)
+        raise located(problem_error, config.where(("transforms", index, "python")))
+    return f"found at {spec.origin}"
 
 
 def _checkpoint_writable(config: PipelineConfig, base_dir: Path | None) -> str:

@@ -68,6 +68,7 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
     if options.master is not None:
         config = config.model_copy(update={"spark": config.spark.model_copy(update={"master": options.master})})
     spark = options.spark
+    prechecked = spark is None
     if spark is None:
         # What can be checked without Spark is checked before it starts (tens of seconds on a cold
         # machine): a wrong topic or DSN is reported in seconds.
@@ -87,7 +88,7 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
             print(
                 f"eos: {config.name}: Spark started in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True
             )
-    pipeline = build_pipeline(config, base_dir, spark, options.failpoints)
+    pipeline = build_pipeline(config, base_dir, spark, options.failpoints, prechecked=prechecked)
     query = pipeline.start(
         options.trigger,
         take_over=options.take_over,

@@ -24,15 +24,21 @@ from eos.pipeline import Pipeline, load_function
 
 
 def build_pipeline(
-    config: PipelineConfig, base_dir: Path | None, spark: Any = None, failpoints: list[str] | None = None
+    config: PipelineConfig,
+    base_dir: Path | None,
+    spark: Any = None,
+    failpoints: list[str] | None = None,
+    prechecked: bool = False,
 ) -> Pipeline:
+    """The pipeline a file declares, built on `spark` (a new session of it). `prechecked`: the
+    pre-flight (eos.preflight) just checked every source's and sink's system: not again."""
     pipeline = Pipeline.from_header(config, base_dir, spark, failpoints or [])
     try:
         ship_modules(pipeline.spark, base_dir, [t.python for t in config.transforms if t.python])
         for kind, entries in (("sources", config.sources), ("sinks", config.sinks)):
             for index, entry in enumerate(entries):
                 with at(config, (kind, index)):
-                    pipeline.check(entry)
+                    pipeline.check(entry, systems=not prechecked)
         for index, entry in enumerate(config.sources):
             with at(config, ("sources", index)):
                 pipeline.source(entry).createOrReplaceTempView(entry.name)

@@ -26,6 +26,7 @@ class LoadedYaml:
     lines: dict[Path_, int] = field(default_factory=dict)
     from_env: set[Path_] = field(default_factory=set)
     blocks: set[Path_] = field(default_factory=set)  # block scalars (`|`, `>`): their text starts a line later
+    text: str = ""  # the file's text, to find a line of a multi-line value in it
 
     def line_of(self, path: Path_) -> int | None:
         """Line of the deepest known node on `path` (1-based)."""
@@ -45,7 +46,25 @@ class LoadedYaml:
         start = self.lines.get(path)
         if start is None:
             return None
+        value = self.value_at(path)
+        wanted = value.splitlines()[line_in_text - 1].strip() if isinstance(value, str) else ""
+        if wanted:
+            # Found in the file itself: a quoted or plain scalar folds its lines (an empty line in
+            # the file is a line break in the value), so counting lines would go wrong there.
+            quoted = (wanted, wanted.replace("'", "''"), wanted.replace('"', '\\"'))  # as each style writes it
+            for number, line in enumerate(self.text.splitlines()[start - 1 :], start):
+                if any(form in line for form in quoted):
+                    return number
         return start + (1 if path in self.blocks else 0) + max(0, line_in_text - 1)
+
+    def value_at(self, path: Path_) -> Any:
+        value = self.data
+        for part in path:
+            try:
+                value = value[part]
+            except (KeyError, IndexError, TypeError):
+                return None
+        return value
 
 
 _TYPED = {f"tag:yaml.org,2002:{kind}" for kind in ("int", "float", "bool")}
@@ -108,7 +127,7 @@ def parse_yaml(text: str, file: str = "<string>", env: Mapping[str, str] | None 
         where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else file
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{where}: invalid YAML: {problem}") from exc
-    out = LoadedYaml(None, file)
+    out = LoadedYaml(None, file, text=text)
     if node is None:
         raise ConfigError(f"{file}: the pipeline file is empty")
     out.data = _convert(node, (), out, os.environ if env is None else env)
