@@ -3,13 +3,14 @@
 In this order (nothing of the protocol starts before every check passed):
   1. the checkpoint's metadata for this start (eos.startup.settle): new, or the old one with the
      replay config compared with the pending epoch's;
-  2. take the pipeline over in the control log: ask the previous driver whether it still runs
+  2. the query's plan (the union of every sink's rows) and Spark's check of the output mode;
+  3. take the pipeline over in the control log: ask the previous driver whether it still runs
      (refuse unless take_over), then fence it; beside it, the sinks' slow set-up (a new
-     pipeline's ledger topic) and the query's plan (the union of every sink's rows);
-  3. refuse a changed config if the pending epoch may have committed anywhere; only then write
+     pipeline's ledger topic);
+  4. refuse a changed config if the pending epoch may have committed anywhere; only then write
      the checkpoint's metadata (a refused config is never recorded);
-  4. recover (eos.protocol.recovery: fence, resolve, read the ledgers);
-  5. start Spark's query, which replays the pending epoch, if any, with its logged offsets.
+  5. recover (eos.protocol.recovery: fence, resolve, read the ledgers);
+  6. start Spark's query, which replays the pending epoch, if any, with its logged offsets.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from eos.protocol.coordinator import Coordinator
 from eos.protocol.decision import ControlLog, ControlState
 from eos.protocol.report import EpochListener
 from eos.query import EosQuery, RunResult, Tally, guarded
-from eos.startup import check_changes_while_pending, check_name_is_ours, settle
+from eos.startup import check_changes_while_pending, settle
 
 if TYPE_CHECKING:
     from eos.pipeline import Pipeline, StartOptions
@@ -62,26 +63,23 @@ def launch(pipeline: Pipeline, options: StartOptions) -> EosQuery:
             coordinator = coordinator_for(config, spark, identity, partitions * len(found.sinks))
             control = found.sources[0].control_log()
             driver = pipeline.driver_identity(coordinator)
-        # The take-over waits on Kafka and the union's plan on Spark's JVM: at every start they
-        # overlap (the take-over is ~0.1 s; on two busy cores the start gains less, 0.035 s median in
-        # bench/NOTES.md). A take-over that only fences drivers which no longer answer is safe before
-        # the plan is checked; one told to fence a live driver (take_over) still waits for a plan
-        # that succeeded, and finish_pending with nothing pending fences nothing. The sinks' slow
-        # set-up (a new pipeline's ledger topic) runs beside both.
-        if control is not None and prepared.created:
-            # Read before anything is fenced: a copy of another pipeline's file must not fence it.
-            check_name_is_ours(pipeline.opened, control.previous_driver(), header.name)
+        # The query's plan first, with Spark's own check of the output mode against it: a plan that
+        # cannot run must not have fenced the previous driver or made a ledger topic (nothing of a
+        # refused start is left behind).
+        stream, plans = pipeline.union()
+        try:
+            check_output_mode(spark, stream, header.epochs.output_mode)
+        except EosError as exc:
+            where = config.where(("epochs", "output_mode")) or config.where(("epochs",)) or config.where(())
+            raise exc if where is None else type(exc)(f"{where}: {exc.message}", exc.hint) from None
+        # The take-over waits on Kafka, and so does the sinks' slow set-up (a new pipeline's ledger
+        # topic): they overlap. One told to fence a live driver (take_over) runs after every other
+        # check, and finish_pending with nothing pending fences nothing.
         overlap = control is not None and driver is not None and not options.take_over and not options.finish_pending
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="eos-beside-build") as pool:
             setting_up = [pool.submit(sink.set_up) for sink in found.sinks]
             taking = pool.submit(take_over, control, driver, False) if overlap else None
-            stream, plans = pipeline.union()
-            try:
-                check_output_mode(spark, stream, header.epochs.output_mode)
-            except EosError as exc:
-                where = config.where(("epochs", "output_mode")) or config.where(("epochs",)) or config.where(())
-                raise exc if where is None else type(exc)(f"{where}: {exc.message}", exc.hint) from None
-        # Leaving the pool waited for both, also when the plan failed (the plan's error is raised).
+        # Leaving the pool waited for both.
         for done in setting_up:
             done.result()  # a sink's error, such as a ledger topic that is not compacted
         if options.finish_pending and pending is None:
