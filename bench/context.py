@@ -188,7 +188,7 @@ class Bench:
     connector: Any = None
     inputs: dict[tuple[int, int, int], Input] = field(default_factory=dict)
     profile: bool = True
-    warmed_at: float | None = None
+    warmed_at: float | None = None  # bench.runs.warm_up's last warm-up (time.monotonic())
 
     def say(self, message: str) -> None:
         self.progress.say(message)
@@ -202,27 +202,6 @@ class Bench:
             self.say(f"writing input {topic} ({events:,} events) ...")
             self.inputs[key] = make_input(self.bootstrap, topic, partitions, events, hot=hot)
         return self.inputs[key]
-
-    def warm_up(
-        self, force: bool = False, pipelines: tuple[str, ...] = ("stateless",), on: Input | None = None
-    ) -> None:
-        """A discarded run of eos exactly-once and Spark's built-in connector on a small input, once
-        per session (Python workers start, the JVM compiles, the first query plans), or again with
-        `force` when the last one is over 50 s old (Spark ends Python workers idle for a minute).
-        `on`: warm up on this input instead, every time, for sections whose rounds must start in the
-        steady state of the sizes they measure (see the throughput section)."""
-        import time
-
-        from bench.runs import BUILTIN, EO, measure
-
-        if on is None and self.warmed_at is not None and (not force or time.monotonic() - self.warmed_at < 50):
-            return
-        warm = on or self.input(self.plan.warmup_events, self.plan.partitions)
-        for pipeline in pipelines:
-            for config in (EO, BUILTIN):
-                self.say(f"warm-up: {pipeline} {config} on {warm.records:,} records (discarded)")
-                measure(self, pipeline, config, warm, self.plan.epoch_records)
-        self.warmed_at = time.monotonic()
 
     def checkpoint(self, name: str) -> Path:
         return self.work / "checkpoints" / name

@@ -7,6 +7,7 @@ counted (read_committed) after the clock stops and then dropped.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from bench.builtin import run_builtin
@@ -93,6 +94,24 @@ def measure(
     row["cpu_us_per_record"] = cpu_per_record(row)
     delete_topics(bench.bootstrap, topics)
     return row
+
+
+def warm_up(
+    bench: Bench, force: bool = False, pipelines: tuple[str, ...] = ("stateless",), on: Input | None = None
+) -> None:
+    """A discarded run of eos exactly-once and Spark's built-in connector on a small input, once
+    per session (Python workers start, the JVM compiles, the first query plans), or again with
+    `force` when the last one is over 50 s old (Spark ends Python workers idle for a minute).
+    `on`: warm up on this input instead, every time, for sections whose rounds must start in the
+    steady state of the sizes they measure (see the throughput section)."""
+    if on is None and bench.warmed_at is not None and (not force or time.monotonic() - bench.warmed_at < 50):
+        return
+    warm = on or bench.input(bench.plan.warmup_events, bench.plan.partitions)
+    for pipeline in pipelines:
+        for config in (EO, BUILTIN):
+            bench.say(f"warm-up: {pipeline} {config} on {warm.records:,} records (discarded)")
+            measure(bench, pipeline, config, warm, bench.plan.epoch_records)
+    bench.warmed_at = time.monotonic()
 
 
 OURS = ("driver", "spark_jvm", "python_workers", "broker", "tools")

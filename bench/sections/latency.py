@@ -19,7 +19,7 @@ from bench.context import Bench
 from bench.env import REPO
 from bench.inputs import delete_topics, eos_topics, ready_topic
 from bench.pipelines import run_eos, stateless_config, unique
-from bench.runs import ALO, BUILTIN, EO
+from bench.runs import ALO, BUILTIN, EO, warm_up
 from eos.config import parse_duration
 
 
@@ -96,7 +96,7 @@ def one_run(bench: Bench, trigger: str, mode: str, rate: int | None = None, hot:
 
 def run(bench: Bench) -> dict[str, Any]:
     plan = bench.plan
-    bench.warm_up(force=True)
+    warm_up(bench, force=True)
     rows: list[dict[str, Any]] = []
     for trigger in plan.latency_triggers:
         for run_no in range(plan.latency_runs):

@@ -20,7 +20,7 @@ from typing import Any
 from bench.context import Bench
 from bench.pipelines import run_eos, stateless_config, unique
 from bench.procs import CpuMeter
-from bench.runs import OURS
+from bench.runs import OURS, warm_up
 
 COLUMNS = ("event_id", "campaign_id", "event_type", "event_time")
 
@@ -110,7 +110,7 @@ def run(bench: Bench) -> dict[str, Any]:
     from eos_ops.localpg import LocalPostgres, free_port
 
     plan = bench.plan
-    bench.warm_up()
+    warm_up(bench)
     source = bench.input(plan.events, plan.partitions)
     server = LocalPostgres(port=free_port(), data_dir=bench.work / "postgres")
     bench.say("postgres: starting a local PostgreSQL server ...")

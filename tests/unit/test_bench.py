@@ -14,9 +14,10 @@ import pytest
 from bench import cli, report
 from bench.context import FULL, QUICK, Bench
 from bench.env import REPO, Progress, machine
-from bench.evaluate import targets
 from bench.inputs import count_records, expected_stateless_out, make_input
 from bench.rawloop import run_loop
+from bench.report import header
+from bench.report.summary import targets
 from bench.sections import failpoints
 from bench.stats import balanced_orders, paired_ratios, percentile, ratio_summary, summarize
 from eos_connectors.kafka.clients import admin_client, create_topic
@@ -46,6 +47,7 @@ def test_throughput_rounds_balance_positions_and_predecessors() -> None:
     other configuration (a rotation balances positions only: b always follows a)."""
     from collections import Counter
 
+    from bench.report.throughput import throughput_orders
     from bench.runs import CONFIGS
 
     for n in range(2, 8):
@@ -59,8 +61,8 @@ def test_throughput_rounds_balance_positions_and_predecessors() -> None:
     assert FULL.throughput_rounds(len(CONFIGS)) == len(balanced_orders(CONFIGS)) == 10
     assert QUICK.throughput_rounds(len(CONFIGS)) == QUICK.rounds
     # The report says "balanced" only of a full set of orders (quick runs have one round).
-    assert "too few" in report.throughput_orders({"orders": [list(CONFIGS)]})
-    assert "are balanced" in report.throughput_orders({"orders": [list(o) for o in balanced_orders(CONFIGS)]})
+    assert "too few" in throughput_orders({"orders": [list(CONFIGS)]})
+    assert "are balanced" in throughput_orders({"orders": [list(o) for o in balanced_orders(CONFIGS)]})
 
 
 def test_raw_loops_are_correct_baselines(bootstrap: str, unique_name, tmp_path: Path) -> None:
@@ -185,12 +187,12 @@ def test_the_eta_is_not_scaled_by_setup(monkeypatch) -> None:
 
 def test_a_merged_report_names_the_run_each_section_comes_from() -> None:
     full = {"command": "python -m bench", "date": "D1", "sections_run": ["peers", "postgres"]}
-    assert report._merged(full) == "" and report.run_of(full, "peers") is full
+    assert header.merged_text(full) == "" and header.run_of(full, "peers") is full
     merge = {"command": "python -m bench --sections postgres --merge", "date": "D2", "sections_run": ["postgres"]}
     merge["merged_into"] = full
-    assert "postgres re-run by `python -m bench --sections postgres --merge` on D2" in report._merged(merge)
-    assert report.run_of(merge, "peers") is full and report.run_of(merge, "postgres") is merge
-    assert report._first_run(merge) is full
+    assert "postgres re-run by `python -m bench --sections postgres --merge` on D2" in header.merged_text(merge)
+    assert header.run_of(merge, "peers") is full and header.run_of(merge, "postgres") is merge
+    assert header.first_run(merge) is full
 
 
 def test_a_merge_on_a_fresh_clone_keeps_the_other_sections_from_the_tracked_results(tmp_path, monkeypatch) -> None:
@@ -212,7 +214,7 @@ def test_a_merge_on_a_fresh_clone_keeps_the_other_sections_from_the_tracked_resu
 def test_the_plan_estimates_the_tracked_full_run_within_a_quarter() -> None:
     """The ETA comes from these estimates: before they were refitted they added up to 121 min for
     the 53-minute run of 2026-11-25. The tracked results hold a full run's length to check against."""
-    first = report._first_run(json.loads((REPO / "docs" / "benchmarks.json").read_text())["meta"])
+    first = header.first_run(json.loads((REPO / "docs" / "benchmarks.json").read_text())["meta"])
     assert first["command"] == "python -m bench" and not first["quick"], first["command"]
     estimates = FULL.estimates()
     planned = estimates["setup"] + sum(estimates[section] for section in first["sections_run"])
@@ -280,7 +282,7 @@ def test_the_jit_compiler_threads_of_a_real_jvm_are_found(tmp_path: Path) -> Non
 
 
 def test_the_cpu_table_shows_the_jvm_s_jit_share() -> None:
-    from bench.report import cpu_table
+    from bench.report.tables import cpu_table
 
     cpu = {"spark_jvm": 8.0, "spark_jit": 2.0, "python_workers": 3.0, "driver": 0.2, "broker": 0.5, "tools": 0.0}
     runs = {"eos exactly-once": [{"records_in": 1_000_000, "cpu": {**cpu, "other": 0.0, "wall_s": 8.0, "cores": 2}}]}
@@ -292,7 +294,7 @@ def test_the_cpu_table_shows_the_jvm_s_jit_share() -> None:
 def test_a_jvm_whose_heap_fills_towards_its_cap_is_judged_by_its_live_heap() -> None:
     """RSS grows 1.3x as G1 touches more heap; the live heap and the memory outside it stay flat: the
     JVM's RSS row is reported, the heap rows are met. A live heap that grows is MISSED."""
-    from bench.evaluate import memory_verdicts
+    from bench.report.faults import memory_verdicts
 
     def run(live_growth: float) -> dict[str, dict]:
         samples = []
@@ -327,6 +329,7 @@ def test_a_jvm_whose_heap_fills_towards_its_cap_is_judged_by_its_live_heap() -> 
 def test_the_transactions_section_measures_the_broker_and_renders(kafka, bootstrap: str, tmp_path: Path) -> None:
     """The quick transactions section against the test broker's process: every shape measured in
     every round, the epoch's extra derived from them, and its paragraph in the report."""
+    from bench.report.epochs import transaction_cost
     from bench.sections import transactions
 
     if kafka.kind != "local":
@@ -342,7 +345,7 @@ def test_the_transactions_section_measures_the_broker_and_renders(kafka, bootstr
     first = {s: (v[0] - idle[0]) / units for s, v in result["broker_cpu_ms"].items()}  # round 1's own extra
     own = 2 * (first["slot transaction"] - first["idempotent"]) + first["decision transaction"]
     assert result["epoch_extra_low_ms"] - 0.11 <= own <= result["epoch_extra_high_ms"] + 0.11
-    text = "\n".join(report.transaction_cost({"transactions": result}))
+    text = "\n".join(transaction_cost({"transactions": result}))
     assert "What transactions cost the broker" in text and f"~{result['epoch_extra_ms']:.0f} ms" in text
 
 
