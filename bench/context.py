@@ -208,6 +208,20 @@ class Bench:
     def checkpoint(self, name: str) -> Path:
         return self.work / "checkpoints" / name
 
+    def config(
+        self, pipeline: str, name: str, topic: str, out_topic: str, exactly_once: bool = True, **settings: Any
+    ) -> dict[str, Any]:
+        """The benchmark's `pipeline` ("stateless" or "stateful", bench.pipelines) as an eos config named
+        `name`, on this broker, its checkpoint in the work folder; `settings`: epoch_records, trigger,
+        out_partitions."""
+        from bench.pipelines import config_for
+
+        mode = "exactly-once" if exactly_once else "at-least-once"
+        return config_for(
+            pipeline, name=name, bootstrap=self.bootstrap, topic=topic, out_topic=out_topic,
+            checkpoint=self.checkpoint(name), mode=mode, **{"epoch_records": None, **settings},
+        )  # fmt: skip
+
 
 def work_dir() -> Path:
     from eos.paths import eos_home

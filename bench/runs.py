@@ -13,7 +13,7 @@ from typing import Any
 from bench.builtin import run_builtin
 from bench.context import Bench
 from bench.inputs import Input, count_records, delete_topics, eos_topics
-from bench.pipelines import config_for, run_eos, unique
+from bench.pipelines import run_eos, unique
 from bench.rawloop import run_loop
 from eos_connectors.kafka.clients import admin_client, create_topic
 
@@ -48,14 +48,12 @@ def measure(
     # cannot create it), so no run's time includes it; eos's sink then finds it.
     create_topic(admin_client({"bootstrap.servers": bench.bootstrap}), out_topic, out_partitions)
     if config in (EO, ALO, BUILTIN):
-        settings = config_for(
+        settings = bench.config(
             pipeline,
-            name=name,
-            bootstrap=bench.bootstrap,
-            topic=source.topic,
-            out_topic=out_topic,
-            checkpoint=bench.checkpoint(name),
-            mode="exactly-once" if config == EO else "at-least-once",
+            name,
+            source.topic,
+            out_topic,
+            config == EO,
             epoch_records=epoch_records,
             out_partitions=out_partitions,
         )

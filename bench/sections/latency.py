@@ -30,7 +30,7 @@ from bench.builtin import run_builtin
 from bench.context import Bench
 from bench.env import REPO
 from bench.inputs import delete_topics, eos_topics, ready_topic
-from bench.pipelines import run_eos, stateless_config, unique
+from bench.pipelines import run_eos, unique
 from bench.procs import CpuMeter
 from bench.runs import ALO, BUILTIN, EO, cpu_per_record, warm_up
 from bench.sections.peers import KSTREAMS
@@ -115,16 +115,7 @@ def _measure(
         while not done():
             time.sleep(0.25)
         return [], meter.stop()
-    config = stateless_config(
-        name=name,
-        bootstrap=bench.bootstrap,
-        topic=in_topic,
-        out_topic=out_topic,
-        checkpoint=bench.checkpoint(name),
-        mode="exactly-once" if mode == EO else "at-least-once",
-        epoch_records=None,
-        trigger=trigger,
-    )
+    config = bench.config("stateless", name, in_topic, out_topic, mode == EO, trigger=trigger)
     if mode == BUILTIN:
         interval = f"{int(parse_duration(trigger) * 1000)} milliseconds"
         run = run_builtin(

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from bench.context import Bench
-from bench.pipelines import run_eos, stateless_config, unique
+from bench.pipelines import run_eos, unique
 from bench.procs import CpuMeter
 from bench.runs import OURS, warm_up
 
@@ -132,10 +132,7 @@ def run(bench: Bench) -> dict[str, Any]:
                     )
                 else:
                     name = table.replace("_", "-")
-                    config_ = stateless_config(
-                        name=name, bootstrap=bench.bootstrap, topic=source.topic, out_topic="unused",
-                        checkpoint=bench.checkpoint(name), mode="exactly-once", epoch_records=plan.epoch_records,
-                    )  # fmt: skip
+                    config_ = bench.config("stateless", name, source.topic, "unused", epoch_records=plan.epoch_records)
                     config_["sinks"] = [
                         {"name": "out", "postgres": {"dsn": server.dsn, "table": table, "create_table": True}}
                     ]
