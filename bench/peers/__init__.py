@@ -56,7 +56,9 @@ the input offsets. What is not identical, and why:
   KStreamsPeer.waitUntilCommitted. The last commit is part of the measured time. Stateful: Kafka
   Streams also waits for its repartition topic's committed offsets to reach that topic's end; Quix
   stops once it has output the expected number of windows (`expected_out`), or, should fewer come,
-  once the input is processed and nothing has come for two commit intervals + 5 s.
+  once the input is processed and nothing has come for two commit intervals + 5 s. On a live input
+  (the latency section's) the Kafka Streams peer runs until its standard input closes instead:
+  live_kstreams.
 
 Quix Streams runs in a virtualenv of its own (under $EOS_HOME/quix/), not in eos's: each recent
 quixstreams release (3.23-3.28 checked) caps confluent-kafka (<2.13) and pydantic (<2.14) below what eos
@@ -75,7 +77,6 @@ peak RSS.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -95,6 +96,7 @@ from typing import Any
 from bench.procs import CpuMeter
 from eos.errors import EnvironmentProblem
 from eos.paths import eos_home, schemas_dir
+from eos_ops.jvm import locked
 
 PEERS_DIR = Path(__file__).resolve().parent
 BENCH_DIR = PEERS_DIR.parent
@@ -117,18 +119,6 @@ def _quiet(_: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # Installing the peers (once; cached under $EOS_HOME)
 # ---------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One installer at a time (two benchmark or test processes may start together)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _offline(output: str) -> bool:
@@ -159,7 +149,7 @@ def quix_python(progress: Progress = _quiet) -> str:
     python = home / "venv" / "bin" / "python"
     if (home / ".complete").exists():
         return str(python)
-    with _locked(eos_home() / "quix" / ".lock"):
+    with locked(eos_home() / "quix" / ".lock"):
         if (home / ".complete").exists():
             return str(python)
         shutil.rmtree(home, ignore_errors=True)  # a half-made one (virtualenvs cannot be moved into place)

@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 from eos.errors import EnvironmentProblem
 
@@ -79,33 +79,12 @@ def jar_cache_dir(pom: Path, cache_root: Path, properties: Mapping[str, str] | N
 MISSING_FOR_S = 86400  # how long an artifact Maven Central did not have is not asked for again
 
 
+# Required (the default): the libs folder, or EnvironmentProblem; optional: (libs, "") or (None, why).
+@overload
+def fetch_jars(pom: Path, cache_root: Path, what: str, progress: Progress = ..., **options: Any) -> Path: ...
 @overload
 def fetch_jars(
-    pom: Path,
-    cache_root: Path,
-    what: str,
-    progress: Progress = ...,
-    *,
-    properties: Mapping[str, str] | None = ...,
-    key: str | None = ...,
-    goals: Sequence[str] = ...,
-    settings: Path | None = ...,
-    optional: Literal[False] = ...,
-) -> Path: ...
-
-
-@overload
-def fetch_jars(
-    pom: Path,
-    cache_root: Path,
-    what: str,
-    progress: Progress = ...,
-    *,
-    properties: Mapping[str, str] | None = ...,
-    key: str | None = ...,
-    goals: Sequence[str] = ...,
-    settings: Path | None = ...,
-    optional: Literal[True],
+    pom: Path, cache_root: Path, what: str, progress: Progress = ..., *, optional: Literal[True], **options: Any
 ) -> tuple[Path | None, str]: ...
 
 
@@ -159,7 +138,7 @@ def fetch_jars(
             )
         )
     cache_root.mkdir(parents=True, exist_ok=True)
-    with _locked(cache_root / ".lock"):
+    with locked(cache_root / ".lock"):
         if (cache / ".complete").exists():  # fetched by another process while this one waited
             return found()
         progress(f"Fetching {what} jars from Maven Central into {libs} (once) ...")
@@ -191,7 +170,7 @@ def fetch_jars(
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     """Hold an exclusive lock on `path` (two test or benchmark processes may start together)."""
     with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
