@@ -137,7 +137,6 @@ def fetch_jars(
                 hint="install Maven (e.g. `apt install maven`)",
             )
         )
-    cache_root.mkdir(parents=True, exist_ok=True)
     with locked(cache_root / ".lock"):
         if (cache / ".complete").exists():  # fetched by another process while this one waited
             return found()
@@ -172,6 +171,7 @@ def fetch_jars(
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
     """Hold an exclusive lock on `path` (two test or benchmark processes may start together)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
