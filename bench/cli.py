@@ -23,24 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.env import REPO, Progress, host_check_ms, machine, preflight, wait_for_quiet
+from bench.sections import SECTIONS
 
-SECTIONS = (
-    "throughput",
-    "peers",
-    "latency",
-    "epochcost",
-    "skew",
-    "protocol",
-    "scaling",
-    "cluster",
-    "postgres",
-    "recovery",
-    "memory",
-    "failpoints",
-    "producer",
-    "transactions",
-    "profile",
-)
 RESULTS = REPO / "bench" / "results"
 DOC = REPO / "docs" / "BENCHMARKS.md"
 DOC_JSON = REPO / "docs" / "benchmarks.json"
@@ -73,7 +57,8 @@ def _say(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.report import readme_peers, render
+    from bench.report import render
+    from bench.report.peers import readme_peers
     from eos.errors import EosError
 
     argv = sys.argv[1:] if argv is None else argv

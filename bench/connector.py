@@ -1,4 +1,5 @@
-"""Spark's built-in Kafka connector jars, resolved from Maven Central once (like ops/kafka/pom.xml).
+"""Spark's built-in Kafka connector jars, resolved from Maven Central once (eos_ops.jvm.fetch_jars,
+like ops/kafka/pom.xml's), into $EOS_HOME/bench/spark-kafka/<version>-<token provider version>/.
 
 The connector must match PySpark's version; when Maven Central has no spark-sql-kafka-0-10 of
 that version (PySpark 4.3.0 here: checked on repo1.maven.org), the pom's fallback version is
@@ -9,15 +10,12 @@ two copies of a class on the classpath would make the comparison about class loa
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from eos.errors import EnvironmentProblem
 from eos.paths import eos_home
+from eos_ops.jvm import fetch_jars
 
 MAVEN_DIR = Path(__file__).resolve().parent / "maven"
 
@@ -52,48 +50,18 @@ def _artifact(jar: str) -> str:
     return re.sub(r"-\d[\w.\-]*\.jar$", "", jar)
 
 
-def _resolve(version: str, token_version: str, say) -> Path | None:
-    cache = eos_home() / "bench" / "spark-kafka" / f"{version}-{token_version}"
-    libs = cache / "libs"
-    if (cache / ".complete").exists():
-        return libs
-    missing = cache / ".missing"
-    if missing.exists() and time.time() - missing.stat().st_mtime < 86400:
-        return None  # looked up less than a day ago: Maven Central did not have it
-    cache.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="libs-", dir=cache))
-    say(f"fetching spark-sql-kafka-0-10_2.13:{version} from Maven Central into {libs} (once) ...")
-    cmd = [
-        "mvn",
-        "-B",
-        "-q",
-        "-s",
-        str(MAVEN_DIR / "settings.xml"),
-        "-f",
-        str(MAVEN_DIR / "pom.xml"),
-        "dependency:copy-dependencies",
-        "-DincludeScope=runtime",
-        f"-DoutputDirectory={staging}",
-        f"-Dspark.kafka.version={version}",
-        f"-Dspark.token.version={token_version}",
-    ]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        output = (result.stdout + result.stderr).strip()
-        if "Could not find artifact" in output or "Could not resolve" in output or "not found" in output:
-            missing.write_text(output[-2000:])
-            return None
-        raise EnvironmentProblem(
-            f"Maven could not fetch Spark's Kafka connector {version}:\n"
-            + "\n".join("    " + line for line in output.splitlines()[-12:]),
-            hint="check network access to https://repo1.maven.org",
-        )
-    if libs.exists():
-        shutil.rmtree(libs)
-    staging.rename(libs)
-    (cache / ".complete").write_text(version)
-    return libs
+def _resolve(version: str, token_version: str, say) -> tuple[Path | None, str]:
+    """The connector's jars (cached by version), or None and why: Maven Central may not have them."""
+    return fetch_jars(
+        MAVEN_DIR / "pom.xml",
+        eos_home() / "bench" / "spark-kafka",
+        f"spark-sql-kafka-0-10_2.13 {version}",
+        say,
+        properties={"spark.kafka.version": version, "spark.token.version": token_version},
+        key=f"{version}-{token_version}",
+        settings=MAVEN_DIR / "settings.xml",
+        optional=True,
+    )
 
 
 def connector_jars(say) -> ConnectorJars:
@@ -101,15 +69,19 @@ def connector_jars(say) -> ConnectorJars:
 
     wanted = pyspark.__version__
     attempts = [(wanted, wanted), (_fallback("spark.kafka.version"), _fallback("spark.token.version"))]
+    reasons = []
     for version, token_version in dict.fromkeys(attempts):
-        libs = _resolve(version, token_version, say)
+        libs, why = _resolve(version, token_version, say)
         if libs is None:
-            say(f"Maven Central has no spark-sql-kafka-0-10_2.13:{version} (or its dependencies); trying the fallback")
+            say(f"no spark-sql-kafka-0-10_2.13:{version} from Maven Central (or its dependencies); trying the fallback")
+            reasons.append(why)
             continue
         shipped = _pyspark_jar_names()
         jars = sorted(str(p) for p in libs.glob("*.jar") if _artifact(p.name) not in shipped)
         return ConnectorJars(version, token_version, wanted, jars)
     raise EnvironmentProblem(
-        f"no spark-sql-kafka-0-10_2.13 could be resolved (tried {', '.join(v for v, _ in attempts)})",
-        hint="set spark.kafka.version in bench/maven/pom.xml to a version Maven Central has",
+        f"no spark-sql-kafka-0-10_2.13 could be resolved (tried {', '.join(v for v, _ in attempts)}):\n"
+        + "\n".join(reasons),
+        hint="check network access to https://repo1.maven.org; if Maven Central answered, set spark.kafka.version "
+        "in bench/maven/pom.xml to a version it has",
     )

@@ -8,7 +8,8 @@ JVM spent 38% of its CPU in RocksDB's native code (bench/NOTES.md, 2026-11-27). 
 no kernel settings (perf events often are not allowed).
 
 The profiler is a native library (tools.profiler:async-profiler on Maven Central, the jar of this
-machine's platform), fetched once into $EOS_HOME like the benchmark's other jars, and loaded into
+machine's platform: bench/maven/async-profiler.xml), fetched once into $EOS_HOME with
+eos_ops.jvm.fetch_jars like the benchmark's other jars, and loaded into
 the running JVM with `jcmd PID JVMTI.agent_load`; its samples come back as collapsed stacks, one
 line per distinct stack ("[thread tid=N];frame;...;frame count").
 """
@@ -26,9 +27,10 @@ from collections import Counter
 from pathlib import Path
 
 from eos.paths import eos_home
+from eos_ops.jvm import fetch_jars
 
 VERSION = "4.2"
-MAVEN_SETTINGS = Path(__file__).resolve().parent / "maven" / "settings.xml"
+MAVEN_DIR = Path(__file__).resolve().parent / "maven"
 PLATFORMS = {"x86_64": "linux-x64", "amd64": "linux-x64", "aarch64": "linux-arm64", "arm64": "linux-arm64"}
 
 
@@ -37,41 +39,34 @@ def library(say) -> tuple[Path | None, str]:
     arch = PLATFORMS.get(platform.machine().lower())
     if not sys.platform.startswith("linux") or arch is None:
         return None, f"async-profiler has no build for {sys.platform}/{platform.machine()}"
-    home = eos_home() / "bench" / "async-profiler" / VERSION
-    found = home / arch / "libasyncProfiler.so"
+    found = eos_home() / "bench" / "async-profiler" / VERSION / arch / "libasyncProfiler.so"
     if found.is_file():
         return found, ""
-    if shutil.which("mvn") is None:
-        return None, "Maven (mvn) is not on PATH to fetch async-profiler from Maven Central"
-    say(f"fetching async-profiler {VERSION} ({arch}) from Maven Central into {home} (once) ...")
-    home.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="fetch-", dir=home))
+    libs, why = fetch_jars(
+        MAVEN_DIR / "async-profiler.xml",
+        found.parent.parent,
+        f"async-profiler {VERSION} ({arch})",
+        say,
+        properties={"profiler.version": VERSION, "profiler.platform": arch},
+        key=arch,
+        settings=MAVEN_DIR / "settings.xml",
+        optional=True,
+    )
+    if libs is None:
+        return None, why
+    member = f"{arch}/libasyncProfiler.so"
     try:
-        result = subprocess.run(
-            [
-                "mvn", "-B", "-q", "-s", str(MAVEN_SETTINGS),
-                "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy",
-                f"-Dartifact=tools.profiler:async-profiler:{VERSION}:jar:{arch}",
-                f"-DoutputDirectory={staging}",
-            ],
-            capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        jars = list(staging.glob("*.jar"))
-        if result.returncode != 0 or not jars:
-            tail = (result.stdout + result.stderr).strip().splitlines()[-3:]
-            return None, f"Maven could not fetch async-profiler {VERSION} ({arch}): {' / '.join(tail)}"
-        with zipfile.ZipFile(jars[0]) as jar:
-            member = f"{arch}/libasyncProfiler.so"
-            if member not in jar.namelist():
-                return None, f"{jars[0].name} holds no {member}"
-            jar.extract(member, staging)
-        found.parent.mkdir(parents=True, exist_ok=True)
-        (staging / member).replace(found)
-        return found, ""
-    except (OSError, subprocess.SubprocessError, zipfile.BadZipFile) as exc:
-        return None, f"could not fetch async-profiler: {exc}"
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        for jar in libs.glob("async-profiler-*.jar"):
+            with zipfile.ZipFile(jar) as archive:
+                if member in archive.namelist():
+                    staged = Path(tempfile.mkdtemp(prefix="lib-", dir=found.parent))
+                    archive.extract(member, staged)
+                    (staged / member).replace(found)  # in place whole, or not at all
+                    shutil.rmtree(staged, ignore_errors=True)
+                    return found, ""
+    except (OSError, zipfile.BadZipFile) as exc:
+        return None, f"could not take the library out of async-profiler's jar: {exc}"
+    return None, f"no async-profiler jar in {libs} holds {member}"
 
 
 class JvmRecorder:

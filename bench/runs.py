@@ -7,12 +7,13 @@ counted (read_committed) after the clock stops and then dropped.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from bench.builtin import run_builtin
 from bench.context import Bench
 from bench.inputs import Input, count_records, delete_topics, eos_topics
-from bench.pipelines import config_for, run_eos, unique
+from bench.pipelines import run_eos, unique
 from bench.rawloop import run_loop
 from eos_connectors.kafka.clients import admin_client, create_topic
 
@@ -47,14 +48,12 @@ def measure(
     # cannot create it), so no run's time includes it; eos's sink then finds it.
     create_topic(admin_client({"bootstrap.servers": bench.bootstrap}), out_topic, out_partitions)
     if config in (EO, ALO, BUILTIN):
-        settings = config_for(
+        settings = bench.config(
             pipeline,
-            name=name,
-            bootstrap=bench.bootstrap,
-            topic=source.topic,
-            out_topic=out_topic,
-            checkpoint=bench.checkpoint(name),
-            mode="exactly-once" if config == EO else "at-least-once",
+            name,
+            source.topic,
+            out_topic,
+            config == EO,
             epoch_records=epoch_records,
             out_partitions=out_partitions,
         )
@@ -93,6 +92,24 @@ def measure(
     row["cpu_us_per_record"] = cpu_per_record(row)
     delete_topics(bench.bootstrap, topics)
     return row
+
+
+def warm_up(
+    bench: Bench, force: bool = False, pipelines: tuple[str, ...] = ("stateless",), on: Input | None = None
+) -> None:
+    """A discarded run of eos exactly-once and Spark's built-in connector on a small input, once
+    per session (Python workers start, the JVM compiles, the first query plans), or again with
+    `force` when the last one is over 50 s old (Spark ends Python workers idle for a minute).
+    `on`: warm up on this input instead, every time, for sections whose rounds must start in the
+    steady state of the sizes they measure (see the throughput section)."""
+    if on is None and bench.warmed_at is not None and (not force or time.monotonic() - bench.warmed_at < 50):
+        return
+    warm = on or bench.input(bench.plan.warmup_events, bench.plan.partitions)
+    for pipeline in pipelines:
+        for config in (EO, BUILTIN):
+            bench.say(f"warm-up: {pipeline} {config} on {warm.records:,} records (discarded)")
+            measure(bench, pipeline, config, warm, bench.plan.epoch_records)
+    bench.warmed_at = time.monotonic()
 
 
 OURS = ("driver", "spark_jvm", "python_workers", "broker", "tools")

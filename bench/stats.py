@@ -72,6 +72,12 @@ def ratio_summary(values: Sequence[float], baselines: Sequence[float]) -> Summar
     return summarize(paired_ratios(values, baselines))
 
 
+def paired_ratio(runs: dict[str, list[dict[str, Any]]], config: str, base: str, key: str = "rps_wall") -> Summary:
+    """`key` of `config`'s runs over `base`'s, round by round."""
+    pairs = by_round(runs.get(config, []), runs.get(base, []))
+    return ratio_summary([a.get(key) for a, _ in pairs], [b.get(key) for _, b in pairs])
+
+
 def line_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
     """Least squares y = a + b x; returns (a, b, r^2)."""
     n = len(xs)

@@ -56,14 +56,16 @@ the input offsets. What is not identical, and why:
   KStreamsPeer.waitUntilCommitted. The last commit is part of the measured time. Stateful: Kafka
   Streams also waits for its repartition topic's committed offsets to reach that topic's end; Quix
   stops once it has output the expected number of windows (`expected_out`), or, should fewer come,
-  once the input is processed and nothing has come for two commit intervals + 5 s.
+  once the input is processed and nothing has come for two commit intervals + 5 s. On a live input
+  (the latency section's) the Kafka Streams peer runs until its standard input closes instead:
+  live_kstreams.
 
 Quix Streams runs in a virtualenv of its own (under $EOS_HOME/quix/), not in eos's: each recent
 quixstreams release (3.23-3.28 checked) caps confluent-kafka (<2.13) and pydantic (<2.14) below what eos
 runs with, and installing it into eos's environment would downgrade the client eos itself is
 benchmarked with. The virtualenv gets the same fastavro as eos's, so both decode with the same
 code; its confluent-kafka is the newest one quixstreams accepts. Kafka Streams is built once with
-Maven into $EOS_HOME/kstreams/<hash of its sources>/ (as eos_ops.localkafka caches the broker jars).
+Maven into $EOS_HOME/kstreams/<hash of its sources>/ (eos_ops.jvm.fetch_jars, as for the broker's jars).
 
 Every runner returns a dict: wall time (process start to exit, JVM or interpreter start and group
 join included) and the processing time (first record to the last commit), input and output records,
@@ -75,7 +77,6 @@ peak RSS.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -95,6 +96,7 @@ from typing import Any
 from bench.procs import CpuMeter
 from eos.errors import EnvironmentProblem
 from eos.paths import eos_home, schemas_dir
+from eos_ops.jvm import locked
 
 PEERS_DIR = Path(__file__).resolve().parent
 BENCH_DIR = PEERS_DIR.parent
@@ -117,18 +119,6 @@ def _quiet(_: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # Installing the peers (once; cached under $EOS_HOME)
 # ---------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One installer at a time (two benchmark or test processes may start together)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _offline(output: str) -> bool:
@@ -159,7 +149,7 @@ def quix_python(progress: Progress = _quiet) -> str:
     python = home / "venv" / "bin" / "python"
     if (home / ".complete").exists():
         return str(python)
-    with _locked(eos_home() / "quix" / ".lock"):
+    with locked(eos_home() / "quix" / ".lock"):
         if (home / ".complete").exists():
             return str(python)
         shutil.rmtree(home, ignore_errors=True)  # a half-made one (virtualenvs cannot be moved into place)
@@ -199,54 +189,26 @@ def kstreams_sources_hash() -> str:
 
 
 def kstreams_classpath(progress: Progress = _quiet) -> str:
-    """Build the Kafka Streams peer once (Maven: compile, jar, copy its runtime jars); returns the
-    Java classpath. Cached by a hash of pom.xml, the sources and the broker's Kafka version, which
-    the build uses for kafka-streams (ops/kafka/pom.xml is the one place it is written)."""
+    """Build the Kafka Streams peer once (Maven: compile, jar, copy its runtime jars beside it, with
+    eos_ops.jvm.fetch_jars); returns the Java classpath. Cached by a hash of pom.xml, the sources and
+    the broker's Kafka version, which the build uses for kafka-streams (ops/kafka/pom.xml is the one
+    place it is written)."""
+    from eos_ops.jvm import fetch_jars
     from eos_ops.localkafka import kafka_version
 
-    cache = eos_home() / "kstreams" / kstreams_sources_hash()
-    classpath = f"{cache / 'kstreams-peer.jar'}{os.pathsep}{cache / 'libs' / '*'}"
-    if (cache / ".complete").exists():
-        return classpath
-    mvn = shutil.which("mvn")
-    if not mvn:
-        raise EnvironmentProblem(
-            "Maven (mvn) was not found: it is needed once, to build the Kafka Streams peer baseline.",
-            hint="install Maven (e.g. `apt install maven`)",
+    root = eos_home() / "kstreams"
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="build-", dir=root) as build:  # classes: not kept
+        libs = fetch_jars(
+            KSTREAMS_DIR / "pom.xml",
+            root,
+            "the Kafka Streams peer",
+            progress,
+            properties={"kafka.version": kafka_version(), "peer.build.dir": build},
+            key=kstreams_sources_hash(),
+            goals=("package",),
         )
-    with _locked(eos_home() / "kstreams" / ".lock"):
-        if (cache / ".complete").exists():
-            return classpath
-        progress(f"Building the Kafka Streams peer into {cache} (once) ...")
-        started = time.monotonic()
-        cache.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix="build-", dir=cache))
-        cmd = [
-            mvn, "-B", "-q", "-f", str(KSTREAMS_DIR / "pom.xml"), f"-Dpeer.build.dir={staging}",
-            f"-Dkafka.version={kafka_version()}",
-            "package", "dependency:copy-dependencies", "-DincludeScope=runtime",
-            f"-DoutputDirectory={staging / 'libs'}",
-        ]  # fmt: skip
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            shutil.rmtree(staging, ignore_errors=True)
-            output = (result.stdout + result.stderr).strip()
-            raise EnvironmentProblem(
-                "Maven could not build the Kafka Streams peer"
-                + (" (Maven Central unreachable: are you offline?)" if _offline(output) else "")
-                + f".\n  command: {' '.join(cmd)}\n  last lines:\n"
-                + "\n".join("    " + line for line in output.splitlines()[-20:]),
-                hint="check network access to https://repo1.maven.org, or a Maven mirror in ~/.m2/settings.xml",
-            )
-        for name in ("kstreams-peer.jar", "libs"):
-            target = cache / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            (staging / name).rename(target)
-        shutil.rmtree(staging, ignore_errors=True)
-        (cache / ".complete").write_text(kstreams_sources_hash() + "\n")
-        progress(f"Built the Kafka Streams peer in {time.monotonic() - started:.1f} s.")
-    return classpath
+    return str(libs / "*")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -532,27 +494,18 @@ def run_kstreams(
     """Run the Kafka Streams peer (exactly_once_v2, `threads` stream threads, one JVM) over all of
     `in_topic` into `out_topic`, as a new application.id; returns its measurements (see the module
     docstring). `commit_interval_ms` None keeps Kafka Streams' default (100 ms under exactly-once)."""
-    from eos_ops.localkafka import find_java, kafka_version
+    from eos_ops.localkafka import kafka_version
 
-    java = find_java()
-    classpath = kstreams_classpath(progress)
     ends = _input_ends(bootstrap, in_topic)
     total = _check_input(ends, records, partitions, in_topic)
     _ensure_output(bootstrap, out_topic, out_partitions or (4 if pipeline == "stateless" else 2))
     app_id = f"bench-kstreams-{uuid.uuid4().hex[:8]}"
     work = Path(tempfile.mkdtemp(prefix="kstreams-", dir=work_dir))
-    out_schema = VIEW_SCHEMA if pipeline == "stateless" else schemas_dir() / COUNTS_SCHEMA_FILE
     result = work / "result.json"
-    cmd = [
-        java, f"-Xmx{heap}", "-cp", classpath, KSTREAMS_MAIN,
-        "--bootstrap", bootstrap, "--input", in_topic, "--output", out_topic, "--application-id", app_id,
-        "--pipeline", pipeline, "--threads", str(threads), "--state-dir", str(work / "state"),
-        "--event-schema", str(schemas_dir() / EVENT_SCHEMA_FILE), "--output-schema", str(out_schema),
-        "--ends", ",".join(f"{p}:{o}" for p, o in sorted(ends.items())),
-        "--timeout-s", str(int(timeout_s)), "--result", str(result),
-    ]  # fmt: skip
-    if commit_interval_ms is not None:
-        cmd += ["--commit-interval-ms", str(commit_interval_ms)]
+    cmd = _kstreams_command(
+        bootstrap, in_topic, out_topic, app_id, work, pipeline, threads, heap, commit_interval_ms, timeout_s, progress
+    )
+    cmd += ["--ends", ",".join(f"{p}:{o}" for p, o in sorted(ends.items()))]
     try:
         launched, wall, finished, summaries, cpu = _measure(
             [cmd], [work / "kstreams.log"], [result], broker_pid, timeout_s + 60, cwd=work
@@ -581,3 +534,84 @@ def run_kstreams(
         heap=heap,
         **({"work_dir": str(work)} if keep else {}),
     )
+
+
+def _kstreams_command(
+    bootstrap: str,
+    in_topic: str,
+    out_topic: str,
+    app_id: str,
+    work: Path,
+    pipeline: str,
+    threads: int,
+    heap: str,
+    commit_interval_ms: int | None,
+    timeout_s: float,
+    progress: Progress,
+) -> list[str]:
+    """The Kafka Streams peer's command line; its state and its result (result.json) go to `work`."""
+    from eos_ops.localkafka import find_java
+
+    out_schema = VIEW_SCHEMA if pipeline == "stateless" else schemas_dir() / COUNTS_SCHEMA_FILE
+    cmd = [
+        find_java(), f"-Xmx{heap}", "-cp", kstreams_classpath(progress), KSTREAMS_MAIN,
+        "--bootstrap", bootstrap, "--input", in_topic, "--output", out_topic, "--application-id", app_id,
+        "--pipeline", pipeline, "--threads", str(threads), "--state-dir", str(work / "state"),
+        "--event-schema", str(schemas_dir() / EVENT_SCHEMA_FILE), "--output-schema", str(out_schema),
+        "--timeout-s", str(int(timeout_s)), "--result", str(work / "result.json"),
+    ]  # fmt: skip
+    if commit_interval_ms is not None:
+        cmd += ["--commit-interval-ms", str(commit_interval_ms)]
+    return cmd
+
+
+@contextlib.contextmanager
+def live_kstreams(
+    bootstrap: str,
+    in_topic: str,
+    out_topic: str,
+    *,
+    threads: int = 2,
+    commit_interval_ms: int | None = None,
+    heap: str = KSTREAMS_HEAP,
+    work_dir: Path | None = None,
+    timeout_s: float = 600.0,
+    ready_timeout_s: float = 120.0,
+    progress: Progress = _quiet,
+) -> Iterator[subprocess.Popen]:
+    """The Kafka Streams peer (stateless, exactly_once_v2) on a live input, the latency probe's
+    (bench.sections.latency), as a new application.id: the block starts once its stream threads run
+    (the group joined, the tasks assigned), so that the probe's first record finds it reading; on
+    leaving, its standard input is closed, its signal to close cleanly, and its group and internal
+    topics are dropped. A runner that dies closes that input too: the peer never outlives it; nor
+    does it run past `timeout_s`. `out_topic` must exist. Yields the peer's process."""
+    app_id = f"bench-kstreams-{uuid.uuid4().hex[:8]}"
+    work = Path(tempfile.mkdtemp(prefix="kstreams-live-", dir=work_dir))
+    ready, log = work / "running", work / "kstreams.log"
+    args = (bootstrap, in_topic, out_topic, app_id, work, "stateless", threads, heap, commit_interval_ms, timeout_s)
+    cmd = _kstreams_command(*args, progress)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [*cmd, "--live", str(ready)], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, cwd=work
+        )
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                how = f"exited with code {proc.returncode}" if proc.returncode is not None else "was not running"
+                raise RuntimeError(
+                    f"the Kafka Streams peer {how} within {ready_timeout_s:.0f} s of its start; "
+                    f"last lines of {log}:\n{_tail(log)}"
+                )
+            time.sleep(0.05)
+        yield proc
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        _cleanup(bootstrap, app_id, (app_id,))
+        shutil.rmtree(work, ignore_errors=True)

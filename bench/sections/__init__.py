@@ -1,1 +1,19 @@
-"""The benchmark's sections, in the order they run. Each has `run(bench) -> dict` (JSON-able)."""
+"""The benchmark's sections. Each has `run(bench) -> dict` (JSON-able); they run in this order."""
+
+SECTIONS = (
+    "throughput",
+    "peers",
+    "latency",
+    "epochcost",
+    "skew",
+    "protocol",
+    "scaling",
+    "cluster",
+    "postgres",
+    "recovery",
+    "memory",
+    "failpoints",
+    "producer",
+    "transactions",
+    "profile",
+)

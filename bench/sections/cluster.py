@@ -27,7 +27,7 @@ from typing import Any
 from bench.context import Bench
 from bench.env import REPO
 from bench.inputs import count_records, delete_topics, eos_topics
-from bench.pipelines import stateless_config, unique
+from bench.pipelines import unique
 from bench.procs import SampledCpuMeter
 from bench.runs import OURS
 from bench.stats import line_fit, summarize
@@ -65,15 +65,7 @@ def _tail(folder: Path) -> str:
 def one_run(bench: Bench, cluster: Any, where: str, cores: int, source: Any) -> dict[str, Any]:
     name = unique(f"bench-cluster-{where.replace('[', '').replace(']', '')}-{cores}")
     out_topic = f"{name}-out"
-    config = stateless_config(
-        name=name,
-        bootstrap=bench.bootstrap,
-        topic=source.topic,
-        out_topic=out_topic,
-        checkpoint=bench.checkpoint(name),
-        mode="exactly-once",
-        epoch_records=bench.plan.epoch_records,
-    )
+    config = bench.config("stateless", name, source.topic, out_topic, epoch_records=bench.plan.epoch_records)
     config["epochs"]["slots"] = cores
     folder = bench.work / name
     folder.mkdir(parents=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 from bench.context import Bench
 from bench.procs import CpuMeter
-from bench.runs import ALO, EO, OURS, brief, measure
+from bench.runs import ALO, EO, OURS, brief, measure, warm_up
 from bench.stats import percentile, summarize
 from eos.protocol.report import EpochListener
 
@@ -73,7 +73,7 @@ def per_epoch(row: dict[str, Any]) -> dict[str, Any]:
 
 def run(bench: Bench) -> dict[str, Any]:
     plan = bench.plan
-    bench.warm_up()
+    warm_up(bench)
     source = bench.input(plan.epoch_cost_events, plan.partitions)
     runs: dict[str, list[dict[str, Any]]] = {EO: [], ALO: []}
     for round_no in range(plan.rounds):

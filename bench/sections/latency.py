@@ -5,36 +5,84 @@ writes live events at a steady rate and reads the output. Baselines: the same pi
 eos at-least-once mode (its records become visible as soon as they are produced; exactly-once
 ones at commit) and on Spark's built-in Kafka connector, at the same trigger. Target:
 exactly-once p99 <= trigger + 1 s.
+
+With the 100 ms trigger's runs, the same probe on the Kafka Streams peer (bench/peers: the same
+pipeline, exactly_once_v2 with its default commit.interval.ms of 100 ms, two stream threads as in
+the peers section), on the same broker and input shape. Its stream threads run before the probe
+writes its first record (the probe's warm-up then covers the same steady state as for eos, whose
+query starts on a warm session). Target there: exactly-once p99 <= 300 ms, and no worse than
+Kafka Streams' p99 in the same run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from bench.builtin import run_builtin
 from bench.context import Bench
 from bench.env import REPO
 from bench.inputs import delete_topics, eos_topics, ready_topic
-from bench.pipelines import run_eos, stateless_config, unique
-from bench.runs import ALO, BUILTIN, EO
+from bench.pipelines import run_eos, unique
+from bench.procs import CpuMeter
+from bench.runs import ALO, BUILTIN, EO, cpu_per_record, warm_up
+from bench.sections.peers import KSTREAMS
 from eos.config import parse_duration
+
+MODES = (EO, ALO, BUILTIN)
+SLUGS = {EO: "eo", ALO: "alo", BUILTIN: "spark", KSTREAMS: "kstreams"}
+# Kafka Streams commits every 100 ms under exactly_once_v2 by default: its runs go with this trigger's.
+KSTREAMS_TRIGGER = "100ms"
+
+
+def modes(trigger: str) -> tuple[str, ...]:
+    """The configurations measured at `trigger`."""
+    return (*MODES, KSTREAMS) if trigger == KSTREAMS_TRIGGER else MODES
 
 
 def one_run(bench: Bench, trigger: str, mode: str, rate: int | None = None, hot: int | None = None) -> dict[str, Any]:
     """One latency run. `hot`: records placed on the input's partitions, partition 0 at `hot` times
     the rate of each other one (`rate` is then the total); else placed by key hash."""
     plan = bench.plan
-    slug = {EO: "eo", ALO: "alo", BUILTIN: "spark"}[mode]
-    name = unique(f"bench-latency-{slug}")
+    name = unique(f"bench-latency-{SLUGS[mode]}")
     in_topic, out_topic = f"{name}-in", f"{name}-out"
     ready_topic(bench.bootstrap, in_topic, plan.partitions)
     ready_topic(bench.bootstrap, out_topic, 4)
     result_file = bench.work / f"{name}.json"
     drain = max(30.0, 4 * parse_duration(trigger))
-    probe_args = {
+    with contextlib.ExitStack() as stack:
+        if mode == KSTREAMS:
+            from bench.peers import live_kstreams
+
+            limit = plan.latency_warmup_s + plan.latency_measure_s + drain + 120
+            peer = live_kstreams(bench.bootstrap, in_topic, out_topic, work_dir=bench.work, timeout_s=limit)
+            stack.enter_context(peer)
+        probe = stack.enter_context(_probe(bench, in_topic, out_topic, result_file, drain, rate, hot))
+        epochs, cpu = _measure(bench, mode, name, trigger, in_topic, out_topic, lambda: probe.poll() is not None)
+    probe_result = json.loads(result_file.read_text()) if result_file.exists() else {"error": "the probe wrote nothing"}
+    delete_topics(bench.bootstrap, [in_topic, out_topic, *eos_topics(name)])
+    row = {"trigger": trigger, "mode": mode, **probe_result, "epochs": epochs, "cpu": cpu}
+    if mode == KSTREAMS:
+        row["commit_interval_ms"] = 100
+    if probe_result.get("produced"):
+        row["cpu_us_per_record"] = cpu_per_record({"cpu": cpu, "records_in": probe_result["produced"]})
+    return row
+
+
+@contextlib.contextmanager
+def _probe(
+    bench: Bench, in_topic: str, out_topic: str, result: Path, drain: float, rate: int | None, hot: int | None
+) -> Iterator[subprocess.Popen]:
+    """bench.probe, writing to `in_topic` and reading `out_topic`; killed on leaving if still running."""
+    plan = bench.plan
+    args = {
         "--bootstrap": bench.bootstrap,
         "--input": in_topic,
         "--output": out_topic,
@@ -42,65 +90,54 @@ def one_run(bench: Bench, trigger: str, mode: str, rate: int | None = None, hot:
         "--warmup": plan.latency_warmup_s,
         "--measure": plan.latency_measure_s,
         "--drain": drain,
-        "--result": result_file,
+        "--result": result,
     }
     if hot is not None:
-        probe_args.update({"--partitions": plan.partitions, "--hot": hot})
+        args.update({"--partitions": plan.partitions, "--hot": hot})
     probe = subprocess.Popen(
-        [sys.executable, "-m", "bench.probe", *(str(x) for pair in probe_args.items() for x in pair)], cwd=REPO
+        [sys.executable, "-m", "bench.probe", *(str(x) for pair in args.items() for x in pair)], cwd=REPO
     )
-    config = stateless_config(
-        name=name,
-        bootstrap=bench.bootstrap,
-        topic=in_topic,
-        out_topic=out_topic,
-        checkpoint=bench.checkpoint(name),
-        mode="exactly-once" if mode == EO else "at-least-once",
-        epoch_records=None,
-        trigger=trigger,
-    )
-
-    def probe_done() -> bool:
-        return probe.poll() is not None
-
     try:
-        if mode == BUILTIN:
-            interval = f"{int(parse_duration(trigger) * 1000)} milliseconds"
-            run = run_builtin(
-                bench.spark,
-                config,
-                bench.work,
-                bench.bootstrap,
-                out_topic,
-                bench.checkpoint(name),
-                None,
-                bench.broker_pid,
-                trigger=interval,
-                stop_when=probe_done,
-            )
-        else:
-            run = run_eos(bench.spark, config, bench.work, bench.broker_pid, trigger=trigger, stop_when=probe_done)
+        yield probe
     finally:
         if probe.poll() is None:
             probe.kill()
         probe.wait()
-    probe_result = json.loads(result_file.read_text()) if result_file.exists() else {"error": "the probe wrote nothing"}
-    delete_topics(bench.bootstrap, [in_topic, out_topic, *eos_topics(name)])
-    row = {"trigger": trigger, "mode": mode, **probe_result, "epochs": run.epochs, "cpu": run.cpu}
-    visible = probe_result.get("produced")
-    if visible:
-        ours = sum(run.cpu.get(k, 0.0) for k in ("driver", "spark_jvm", "python_workers", "broker", "tools"))
-        row["cpu_us_per_record"] = ours * 1e6 / visible
-    return row
+
+
+def _measure(
+    bench: Bench, mode: str, name: str, trigger: str, in_topic: str, out_topic: str, done: Callable[[], bool]
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Run `mode`'s pipeline until `done()`; returns its epochs (none for Kafka Streams) and CPU."""
+    if mode == KSTREAMS:  # it runs in a process of its own, already started
+        meter = CpuMeter(os.getpid(), bench.broker_pid)
+        meter.start()
+        while not done():
+            time.sleep(0.25)
+        return [], meter.stop()
+    config = bench.config("stateless", name, in_topic, out_topic, mode == EO, trigger=trigger)
+    if mode == BUILTIN:
+        interval = f"{int(parse_duration(trigger) * 1000)} milliseconds"
+        run = run_builtin(
+            bench.spark, config, bench.work, bench.bootstrap, out_topic, bench.checkpoint(name), None,
+            bench.broker_pid, trigger=interval, stop_when=done,
+        )  # fmt: skip
+    else:
+        run = run_eos(bench.spark, config, bench.work, bench.broker_pid, trigger=trigger, stop_when=done)
+    return run.epochs, run.cpu
 
 
 def run(bench: Bench) -> dict[str, Any]:
     plan = bench.plan
-    bench.warm_up(force=True)
+    warm_up(bench, force=True)
+    if KSTREAMS_TRIGGER in plan.latency_triggers:
+        from bench.peers import kstreams_classpath
+
+        kstreams_classpath(bench.say)  # built once (cached): a failed build stops here, not mid-run
     rows: list[dict[str, Any]] = []
     for trigger in plan.latency_triggers:
         for run_no in range(plan.latency_runs):
-            for mode in (EO, ALO, BUILTIN) if run_no % 2 == 0 else (BUILTIN, ALO, EO):
+            for mode in modes(trigger) if run_no % 2 == 0 else modes(trigger)[::-1]:
                 bench.say(
                     f"trigger {trigger}: run {run_no + 1}/{plan.latency_runs}: {mode} "
                     f"({plan.latency_rate} rec/s, {plan.latency_warmup_s:.0f}s warm-up + "

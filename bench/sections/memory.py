@@ -26,7 +26,7 @@ import yaml
 from bench.context import Bench
 from bench.env import REPO
 from bench.inputs import delete_topics, eos_topics
-from bench.pipelines import stateful_config, unique
+from bench.pipelines import unique
 from bench.procs import live_heap, memory_by_class, spark_jvms
 from bench.subproc import EosProcess, committed_epochs, wait_committed
 from eos_connectors.kafka.clients import admin_client, create_topic
@@ -41,16 +41,7 @@ def run(bench: Bench) -> dict[str, Any]:
     in_topic, out_topic = f"{name}-in", f"{name}-out"
     admin = admin_client({"bootstrap.servers": bench.bootstrap})
     create_topic(admin, in_topic, plan.partitions)
-    config = stateful_config(
-        name=name,
-        bootstrap=bench.bootstrap,
-        topic=in_topic,
-        out_topic=out_topic,
-        checkpoint=bench.checkpoint(name),
-        mode="exactly-once",
-        epoch_records=None,
-        trigger="1s",
-    )
+    config = bench.config("stateful", name, in_topic, out_topic, trigger="1s")
     pipeline_file = bench.work / f"{name}.yaml"
     pipeline_file.write_text(yaml.safe_dump(config, sort_keys=False))
     result_file = bench.work / f"{name}-load.json"

@@ -22,7 +22,7 @@ from typing import Any
 from bench.context import Bench
 from bench.inputs import count_records, delete_topics
 from bench.pipelines import unique
-from bench.runs import EO, brief, cpu_per_record, measure
+from bench.runs import EO, brief, cpu_per_record, measure, warm_up
 
 QUIX, KSTREAMS = "Quix Streams exactly-once", "Kafka Streams exactly_once_v2"
 CONFIGS = (EO, QUIX, KSTREAMS)
@@ -73,7 +73,7 @@ def run(bench: Bench) -> dict[str, Any]:
     from bench.peers import kstreams_classpath, quix_python
 
     plan = bench.plan
-    bench.warm_up()
+    warm_up(bench)
     bench.say("peers: installing Quix Streams (own venv) and building the Kafka Streams app (cached) ...")
     quix_python(bench.say)
     kstreams_classpath(bench.say)

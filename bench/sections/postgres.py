@@ -18,9 +18,9 @@ import time
 from typing import Any
 
 from bench.context import Bench
-from bench.pipelines import run_eos, stateless_config, unique
+from bench.pipelines import run_eos, unique
 from bench.procs import CpuMeter
-from bench.runs import OURS
+from bench.runs import OURS, warm_up
 
 COLUMNS = ("event_id", "campaign_id", "event_type", "event_time")
 
@@ -110,7 +110,7 @@ def run(bench: Bench) -> dict[str, Any]:
     from eos_ops.localpg import LocalPostgres, free_port
 
     plan = bench.plan
-    bench.warm_up()
+    warm_up(bench)
     source = bench.input(plan.events, plan.partitions)
     server = LocalPostgres(port=free_port(), data_dir=bench.work / "postgres")
     bench.say("postgres: starting a local PostgreSQL server ...")
@@ -132,10 +132,7 @@ def run(bench: Bench) -> dict[str, Any]:
                     )
                 else:
                     name = table.replace("_", "-")
-                    config_ = stateless_config(
-                        name=name, bootstrap=bench.bootstrap, topic=source.topic, out_topic="unused",
-                        checkpoint=bench.checkpoint(name), mode="exactly-once", epoch_records=plan.epoch_records,
-                    )  # fmt: skip
+                    config_ = bench.config("stateless", name, source.topic, "unused", epoch_records=plan.epoch_records)
                     config_["sinks"] = [
                         {"name": "out", "postgres": {"dsn": server.dsn, "table": table, "create_table": True}}
                     ]

@@ -25,7 +25,7 @@ from bench.inputs import delete_topics, ready_topic
 from bench.jvmprofile import VERSION, JvmRecorder, jvm_summary, library
 from bench.procs import descendants, snapshot, worker_roots
 from bench.profiling import Recorder, summarize
-from bench.runs import ALO, BUILTIN, EO, RAW, brief, measure
+from bench.runs import ALO, BUILTIN, EO, RAW, brief, measure, warm_up
 from bench.steps import step_costs
 
 TINY = "eos exactly-once, tiny epochs"
@@ -40,7 +40,7 @@ def _spark_jvm() -> int | None:
 def run(bench: Bench) -> dict[str, Any]:
     plan = bench.plan
     source = bench.input(plan.profile_events, plan.partitions)
-    bench.warm_up(force=True, pipelines=("stateless", "stateful"))
+    warm_up(bench, force=True, pipelines=("stateless", "stateful"))
     out: dict[str, Any] = {"input_records": source.records, "epoch_records": plan.epoch_records, "runs": {}}
     jvm_pid = _spark_jvm()
     profiler, why_not = library(bench.say)

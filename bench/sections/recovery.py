@@ -20,7 +20,7 @@ import yaml
 
 from bench.context import Bench
 from bench.inputs import count_records, delete_topics, eos_topics, expected_stateless_out
-from bench.pipelines import stateless_config, unique
+from bench.pipelines import unique
 from bench.subproc import EosProcess, committed_epochs, wait_committed, wait_group_gone
 
 KILL_EPOCH = 2
@@ -30,15 +30,7 @@ def one_run(bench: Bench, point: str, expected: int, topic: str) -> dict[str, An
     plan = bench.plan
     name = unique("bench-recovery")
     out_topic = f"{name}-out"
-    config = stateless_config(
-        name=name,
-        bootstrap=bench.bootstrap,
-        topic=topic,
-        out_topic=out_topic,
-        checkpoint=bench.checkpoint(name),
-        mode="exactly-once",
-        epoch_records=plan.recovery_epoch_records,
-    )
+    config = bench.config("stateless", name, topic, out_topic, epoch_records=plan.recovery_epoch_records)
     checkpoint = bench.checkpoint(name)
     pipeline_file = bench.work / f"{name}.yaml"
     pipeline_file.write_text(yaml.safe_dump(config, sort_keys=False))

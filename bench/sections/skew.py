@@ -14,13 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from bench.context import Bench
-from bench.runs import EO, brief, measure
+from bench.runs import EO, brief, measure, warm_up
 from bench.sections.latency import one_run
 
 
 def run(bench: Bench) -> dict[str, Any]:
     plan = bench.plan
-    bench.warm_up()
+    warm_up(bench)
     hot = plan.skew_hot
     uniform = bench.input(plan.events, plan.partitions)
     skewed = bench.input(plan.events, plan.partitions, hot=hot)

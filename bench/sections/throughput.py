@@ -32,7 +32,7 @@ from typing import Any
 from bench.context import Bench
 from bench.env import host_check_ms
 from bench.perftools import consumer_perf, producer_perf
-from bench.runs import CONFIGS, brief, measure
+from bench.runs import CONFIGS, brief, measure, warm_up
 from bench.stats import balanced_orders, summarize
 
 PIPELINES = ("stateless", "stateful")
@@ -43,7 +43,7 @@ def run(bench: Bench) -> dict[str, Any]:
     source = bench.input(plan.events, plan.partitions)
     result: dict[str, Any] = {"input": source.__dict__, "epoch_records": plan.epoch_records, "pipelines": {}}
     for pipeline in PIPELINES:
-        bench.warm_up(pipelines=(pipeline,), on=source)  # right before its rounds
+        warm_up(bench, pipelines=(pipeline,), on=source)  # right before its rounds
         runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
         rounds = plan.throughput_rounds(len(CONFIGS))
         orders = balanced_orders(CONFIGS)

@@ -8,6 +8,7 @@ Error messages name the service, so a user sees "the local HDFS needs Java 17", 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import math
 import os
@@ -19,8 +20,9 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any, Literal, overload
 
 from eos.errors import EnvironmentProblem
 
@@ -65,55 +67,133 @@ def find_java(needed_by: str) -> str:
     return java
 
 
-def jar_cache_dir(pom: Path, cache_root: Path) -> Path:
-    """Where the jars of `pom` live: a new pom (another version) never reuses an old cache."""
-    return cache_root / hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
+def jar_cache_dir(pom: Path, cache_root: Path, properties: Mapping[str, str] | None = None) -> Path:
+    """Where the jars of `pom` live: a new pom (another version), or other properties, never reuse
+    an old cache."""
+    digest = hashlib.sha256(pom.read_bytes())
+    for name, value in sorted((properties or {}).items()):
+        digest.update(f"\0{name}={value}".encode())
+    return cache_root / digest.hexdigest()[:12]
 
 
-def fetch_jars(pom: Path, cache_root: Path, what: str, progress: Progress = quiet) -> Path:
+MISSING_FOR_S = 86400  # how long an artifact Maven Central did not have is not asked for again
+
+
+# Required (the default): the libs folder, or EnvironmentProblem; optional: (libs, "") or (None, why).
+@overload
+def fetch_jars(pom: Path, cache_root: Path, what: str, progress: Progress = ..., **options: Any) -> Path: ...
+@overload
+def fetch_jars(
+    pom: Path, cache_root: Path, what: str, progress: Progress = ..., *, optional: Literal[True], **options: Any
+) -> tuple[Path | None, str]: ...
+
+
+def fetch_jars(
+    pom: Path,
+    cache_root: Path,
+    what: str,
+    progress: Progress = quiet,
+    *,
+    properties: Mapping[str, str] | None = None,
+    key: str | None = None,
+    goals: Sequence[str] = (),
+    settings: Path | None = None,
+    optional: bool = False,
+) -> Path | tuple[Path | None, str]:
     """Resolve the runtime jars of `pom` from Maven Central once; returns the libs folder.
 
-    The jars land in a staging folder renamed into place, and a `.complete` marker is written
-    last, so an interrupted download is redone rather than half-used."""
-    cache = jar_cache_dir(pom, cache_root)
-    libs = cache / "libs"
+    - `properties`: passed as -Dname=value (the pom's versions, say); they are part of the cache's key.
+    - `key`: the cache folder's name under `cache_root` (a version, a hash of sources), instead of
+      a hash of the pom and the properties.
+    - `goals`: Maven goals run first, for a pom that builds a jar of its own (`package`); its build
+      must put that jar into `${outputDirectory}`, where the dependencies go.
+    - `settings`: a Maven settings file (-s).
+    - `optional`: for a tool that may be missing: returns (libs, "") or (None, why) instead of
+      raising. An artifact Maven Central does not have is then not asked for again for a day.
+
+    One fetch at a time per `cache_root` (a lock file), the jars land in a staging folder renamed
+    into place, and a `.complete` marker is written last, so an interrupted download is redone
+    rather than half-used."""
+    cache = cache_root / key if key else jar_cache_dir(pom, cache_root, properties)
+    libs, missing = cache / "libs", cache / ".missing"
+
+    def found() -> Path | tuple[Path, str]:
+        return (libs, "") if optional else libs
+
+    def unavailable(problem: EnvironmentProblem) -> tuple[None, str]:
+        if not optional:
+            raise problem
+        return None, str(problem)
+
     if (cache / ".complete").exists():
-        return libs
+        return found()
+    if optional and missing.exists() and time.time() - missing.stat().st_mtime < MISSING_FOR_S:
+        return None, missing.read_text()
     mvn = shutil.which("mvn")
     if not mvn:
-        raise EnvironmentProblem(
-            f"Maven (mvn) was not found: it is needed once, to fetch the {what} jars.",
-            hint="install Maven (e.g. `apt install maven`)",
+        return unavailable(
+            EnvironmentProblem(
+                f"Maven (mvn) was not found: it is needed once, to fetch the {what} jars.",
+                hint="install Maven (e.g. `apt install maven`)",
+            )
         )
-    progress(f"Fetching {what} jars from Maven Central into {libs} (once) ...")
-    started = time.monotonic()
-    cache.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="libs-", dir=cache))
-    cmd = [
-        mvn, "-B", "-q", "-f", str(pom),
-        "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
-    ]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            cache.rmdir()  # only if empty: no cache folder for a pom that never resolved
-        raise _maven_failed(what, cmd, (result.stdout + result.stderr).strip())
-    if libs.exists():
-        shutil.rmtree(libs)
-    staging.rename(libs)
-    (cache / ".complete").write_text(what)
-    jars = len(list(libs.glob("*.jar")))
-    progress(f"Fetched {jars} jars in {time.monotonic() - started:.1f} s.")
-    return libs
+    with locked(cache_root / ".lock"):
+        if (cache / ".complete").exists():  # fetched by another process while this one waited
+            return found()
+        progress(f"Fetching {what} jars from Maven Central into {libs} (once) ...")
+        started = time.monotonic()
+        cache.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix="libs-", dir=cache))
+        cmd = [
+            mvn, "-B", "-q", *(["-s", str(settings)] if settings else []), "-f", str(pom),
+            *(f"-D{name}={value}" for name, value in (properties or {}).items()),
+            *goals, "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
+        ]  # fmt: skip
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            output = (result.stdout + result.stderr).strip()
+            problem = _maven_failed(what, cmd, output)
+            if optional and _not_found(output):
+                missing.write_text(str(problem))
+            with contextlib.suppress(OSError):
+                cache.rmdir()  # only if empty: no cache folder for a pom that never resolved
+            return unavailable(problem)
+        if libs.exists():
+            shutil.rmtree(libs)
+        staging.rename(libs)
+        missing.unlink(missing_ok=True)
+        (cache / ".complete").write_text(what)
+    progress(f"Fetched {len(list(libs.glob('*.jar')))} jars in {time.monotonic() - started:.1f} s.")
+    return found()
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (two test or benchmark processes may start together)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+_OFFLINE = re.compile(r"Could not transfer|UnknownHost|offline|Connection refused|Network is unreachable")
+
+
+def _not_found(output: str) -> bool:
+    """Maven Central answered, without the artifact (a coordinate it does not have)."""
+    answered = re.search(r"Could not find artifact|could not be resolved|was not found in", output)
+    return bool(answered) and not _OFFLINE.search(output)
 
 
 def _maven_failed(what: str, cmd: list[str], output: str) -> EnvironmentProblem:
     # "could not be resolved" alone also means a wrong coordinate; only network failures say offline.
-    offline = re.search(r"Could not transfer|UnknownHost|offline|Connection refused|Network is unreachable", output)
     return EnvironmentProblem(
         f"Maven could not fetch the {what} jars"
-        + (" (Maven Central unreachable: are you offline?)" if offline else "")
+        + (" (Maven Central unreachable: are you offline?)" if _OFFLINE.search(output) else "")
         + f".\n  command: {' '.join(cmd)}\n  last lines:\n"
         + "\n".join("    " + line for line in output.splitlines()[-15:]),
         hint="check network access to https://repo1.maven.org, or a Maven mirror in ~/.m2/settings.xml",

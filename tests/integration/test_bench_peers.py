@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from bench.inputs import Input, make_input
-from bench.peers import VIEW_SCHEMA, run_kstreams, run_quix
+from bench.peers import VIEW_SCHEMA, live_kstreams, run_kstreams, run_quix
 from eos.paths import schemas_dir
 from eos_ops.demo import EVENT_SCHEMA, OUTPUT_SCHEMA, generate_events
 from tests.support import KafkaUnderTest, read_all
@@ -172,3 +172,36 @@ def test_kstreams_stateful_counts_the_distinct_events(broker: KafkaUnderTest, so
     row = run_kstreams(broker.bootstrap, source_one.topic, out, pipeline="stateful", work_dir=tmp_path)
     assert _counts_out(broker.bootstrap, out) == _expected_counts()
     assert row["records_out"] == len(_expected_counts())
+
+
+def test_kstreams_on_a_live_input_makes_every_record_visible_and_stops_when_told(
+    broker: KafkaUnderTest, tmp_path: Path
+):
+    """The latency section's Kafka Streams row: the peer runs once its stream threads do, the probe
+    (bench.probe: live events in, read_committed out) sees every record it wrote through it, and the
+    peer closes cleanly when its standard input closes, leaving no consumer group behind."""
+    import subprocess
+    import sys
+
+    from bench.inputs import ready_topic
+    from eos_connectors.kafka.clients import admin_client
+
+    in_topic, out_topic = f"peers-live-in-{_RUN}", f"peers-live-out-{_RUN}"
+    ready_topic(broker.bootstrap, in_topic, 4)
+    ready_topic(broker.bootstrap, out_topic, 4)
+    result = tmp_path / "probe.json"
+    probe = [
+        sys.executable, "-m", "bench.probe", "--bootstrap", broker.bootstrap, "--input", in_topic,
+        "--output", out_topic, "--rate", "200", "--warmup", "1", "--measure", "3", "--drain", "30",
+        "--result", str(result),
+    ]  # fmt: skip
+    with live_kstreams(broker.bootstrap, in_topic, out_topic, work_dir=tmp_path, timeout_s=180) as peer:
+        assert peer.poll() is None
+        subprocess.run(probe, check=True, timeout=120)
+    assert peer.returncode == 0
+    latency = json.loads(result.read_text())
+    assert latency["expected"] > 400 and latency["visible"] == latency["expected"], latency
+    assert 0 < latency["p50_s"] <= latency["p99_s"] <= latency["max_s"], latency
+    app_id = peer.args[peer.args.index("--application-id") + 1]
+    groups = admin_client({"bootstrap.servers": broker.bootstrap}).list_consumer_groups().result().valid
+    assert app_id not in {g.group_id for g in groups}

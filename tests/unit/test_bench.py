@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 
 from bench import cli, report
-from bench.context import FULL, QUICK, Bench
+from bench.context import FULL, QUICK, Bench, Plan
 from bench.env import REPO, Progress, machine
-from bench.evaluate import targets
 from bench.inputs import count_records, expected_stateless_out, make_input
 from bench.rawloop import run_loop
+from bench.report import header
+from bench.report.summary import targets
 from bench.sections import failpoints
+from bench.sections.peers import KSTREAMS
 from bench.stats import balanced_orders, paired_ratios, percentile, ratio_summary, summarize
 from eos_connectors.kafka.clients import admin_client, create_topic
 
@@ -46,6 +48,7 @@ def test_throughput_rounds_balance_positions_and_predecessors() -> None:
     other configuration (a rotation balances positions only: b always follows a)."""
     from collections import Counter
 
+    from bench.report.throughput import throughput_orders
     from bench.runs import CONFIGS
 
     for n in range(2, 8):
@@ -59,8 +62,8 @@ def test_throughput_rounds_balance_positions_and_predecessors() -> None:
     assert FULL.throughput_rounds(len(CONFIGS)) == len(balanced_orders(CONFIGS)) == 10
     assert QUICK.throughput_rounds(len(CONFIGS)) == QUICK.rounds
     # The report says "balanced" only of a full set of orders (quick runs have one round).
-    assert "too few" in report.throughput_orders({"orders": [list(CONFIGS)]})
-    assert "are balanced" in report.throughput_orders({"orders": [list(o) for o in balanced_orders(CONFIGS)]})
+    assert "too few" in throughput_orders({"orders": [list(CONFIGS)]})
+    assert "are balanced" in throughput_orders({"orders": [list(o) for o in balanced_orders(CONFIGS)]})
 
 
 def test_raw_loops_are_correct_baselines(bootstrap: str, unique_name, tmp_path: Path) -> None:
@@ -185,12 +188,12 @@ def test_the_eta_is_not_scaled_by_setup(monkeypatch) -> None:
 
 def test_a_merged_report_names_the_run_each_section_comes_from() -> None:
     full = {"command": "python -m bench", "date": "D1", "sections_run": ["peers", "postgres"]}
-    assert report._merged(full) == "" and report.run_of(full, "peers") is full
+    assert header.merged_text(full) == "" and header.run_of(full, "peers") is full
     merge = {"command": "python -m bench --sections postgres --merge", "date": "D2", "sections_run": ["postgres"]}
     merge["merged_into"] = full
-    assert "postgres re-run by `python -m bench --sections postgres --merge` on D2" in report._merged(merge)
-    assert report.run_of(merge, "peers") is full and report.run_of(merge, "postgres") is merge
-    assert report._first_run(merge) is full
+    assert "postgres re-run by `python -m bench --sections postgres --merge` on D2" in header.merged_text(merge)
+    assert header.run_of(merge, "peers") is full and header.run_of(merge, "postgres") is merge
+    assert header.first_run(merge) is full
 
 
 def test_a_merge_on_a_fresh_clone_keeps_the_other_sections_from_the_tracked_results(tmp_path, monkeypatch) -> None:
@@ -211,10 +214,12 @@ def test_a_merge_on_a_fresh_clone_keeps_the_other_sections_from_the_tracked_resu
 
 def test_the_plan_estimates_the_tracked_full_run_within_a_quarter() -> None:
     """The ETA comes from these estimates: before they were refitted they added up to 121 min for
-    the 53-minute run of 2026-11-25. The tracked results hold a full run's length to check against."""
-    first = report._first_run(json.loads((REPO / "docs" / "benchmarks.json").read_text())["meta"])
+    the 53-minute run of 2026-11-25. The tracked results hold a full run's length, and the plan it
+    ran, to check against (a plan that has grown since is estimated longer, as it should be)."""
+    first = header.first_run(json.loads((REPO / "docs" / "benchmarks.json").read_text())["meta"])
     assert first["command"] == "python -m bench" and not first["quick"], first["command"]
-    estimates = FULL.estimates()
+    plan = Plan(**{k: tuple(v) if isinstance(v, list) else v for k, v in first["plan"].items()})
+    estimates = plan.estimates()
     planned = estimates["setup"] + sum(estimates[section] for section in first["sections_run"])
     measured = first["duration_s"] - first["load"]["waited_s"]
     assert 0.75 < planned / measured < 1.25, (planned / 60, measured / 60)
@@ -280,7 +285,7 @@ def test_the_jit_compiler_threads_of_a_real_jvm_are_found(tmp_path: Path) -> Non
 
 
 def test_the_cpu_table_shows_the_jvm_s_jit_share() -> None:
-    from bench.report import cpu_table
+    from bench.report.tables import cpu_table
 
     cpu = {"spark_jvm": 8.0, "spark_jit": 2.0, "python_workers": 3.0, "driver": 0.2, "broker": 0.5, "tools": 0.0}
     runs = {"eos exactly-once": [{"records_in": 1_000_000, "cpu": {**cpu, "other": 0.0, "wall_s": 8.0, "cores": 2}}]}
@@ -292,7 +297,7 @@ def test_the_cpu_table_shows_the_jvm_s_jit_share() -> None:
 def test_a_jvm_whose_heap_fills_towards_its_cap_is_judged_by_its_live_heap() -> None:
     """RSS grows 1.3x as G1 touches more heap; the live heap and the memory outside it stay flat: the
     JVM's RSS row is reported, the heap rows are met. A live heap that grows is MISSED."""
-    from bench.evaluate import memory_verdicts
+    from bench.report.faults import memory_verdicts
 
     def run(live_growth: float) -> dict[str, dict]:
         samples = []
@@ -327,6 +332,7 @@ def test_a_jvm_whose_heap_fills_towards_its_cap_is_judged_by_its_live_heap() -> 
 def test_the_transactions_section_measures_the_broker_and_renders(kafka, bootstrap: str, tmp_path: Path) -> None:
     """The quick transactions section against the test broker's process: every shape measured in
     every round, the epoch's extra derived from them, and its paragraph in the report."""
+    from bench.report.epochs import transaction_cost
     from bench.sections import transactions
 
     if kafka.kind != "local":
@@ -342,7 +348,7 @@ def test_the_transactions_section_measures_the_broker_and_renders(kafka, bootstr
     first = {s: (v[0] - idle[0]) / units for s, v in result["broker_cpu_ms"].items()}  # round 1's own extra
     own = 2 * (first["slot transaction"] - first["idempotent"]) + first["decision transaction"]
     assert result["epoch_extra_low_ms"] - 0.11 <= own <= result["epoch_extra_high_ms"] + 0.11
-    text = "\n".join(report.transaction_cost({"transactions": result}))
+    text = "\n".join(transaction_cost({"transactions": result}))
     assert "What transactions cost the broker" in text and f"~{result['epoch_extra_ms']:.0f} ms" in text
 
 
@@ -423,3 +429,108 @@ def test_async_profiler_samples_a_real_jvm(tmp_path: Path) -> None:
     assert summary["samples"] > 100, summary
     frames = out.read_text()
     assert "Hot.spin" in frames and "[main tid=" in frames, frames[:2000]
+
+
+def _latency_run(trigger: str, mode: str, run: int, p50: float, p99: float) -> dict:
+    epochs = [] if mode == KSTREAMS else [{"trigger_s": 0.12}, {"trigger_s": 0.1}]
+    cpu = {"driver": 0.5, "spark_jvm": 1.0, "python_workers": 0.5, "broker": 0.5, "tools": 0.5}
+    return {"trigger": trigger, "mode": mode, "run": run, "p50_s": p50, "p99_s": p99, "max_s": p99 + 0.1,
+            "visible": 900, "expected": 900, "missing": 0, "epochs": epochs, "cpu": cpu,
+            "cpu_us_per_record": 3e3}  # fmt: skip
+
+
+def _latency_section(eo_p99s: tuple[float, float], peer_p99s: tuple[float, float]) -> dict:
+    from bench.runs import ALO, BUILTIN, EO
+
+    runs = []
+    for run in (0, 1):
+        runs += [
+            _latency_run("100ms", EO, run, 0.15, eo_p99s[run]),
+            _latency_run("100ms", ALO, run, 0.01, 0.03),
+            _latency_run("100ms", BUILTIN, run, 0.2, 0.4),
+            _latency_run("100ms", KSTREAMS, run, 0.12 + 0.02 * run, peer_p99s[run]),
+        ]
+    runs += [_latency_run("1s", mode, 0, 0.6, 1.2) for mode in (EO, ALO, BUILTIN)]
+    return {"rate": 1000, "warmup_s": 10, "measure_s": 30, "runs": runs}
+
+
+def test_the_latency_table_sets_exactly_once_at_100ms_beside_kafka_streams() -> None:
+    """Kafka Streams' rows (exactly_once_v2 at its 100 ms commit interval) are medians with spreads like
+    eos's, and at the 100 ms trigger they are exactly-once's baseline: p99 <= 300 ms and no worse
+    than Kafka Streams' p99, paired by run; other triggers keep at-least-once and trigger + 1 s."""
+    from bench.report.latency import latency
+    from bench.sections.latency import modes
+
+    assert KSTREAMS in modes("100ms") and KSTREAMS not in modes("1s")
+    assert "100ms" in FULL.latency_triggers and "100ms" in QUICK.latency_triggers
+
+    def rows(section: dict) -> dict[tuple[str, str], list[str]]:
+        lines = [line for line in latency({"latency": section}) if line.startswith("| ")][1:]
+        cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+        return {(c[0], c[1]): c[2:] for c in cells}
+
+    # eos 0.25 / 0.27 s against Kafka Streams 0.30 / 0.28 s: run by run 0.83x and 0.96x
+    table = rows(_latency_section((0.25, 0.27), (0.30, 0.28)))
+    peer = table[("100ms", KSTREAMS)]
+    assert peer[:2] == ["0.13 s [0.12–0.14]", "0.29 s [0.28–0.30]"], peer
+    assert peer[5] == "–" and peer[6] == "–", peer  # no epochs, no baseline
+    eo = table[("100ms", "eos exactly-once")]
+    assert eo[1] == "0.26 s [0.25–0.27]", eo
+    assert eo[6:] == [f"{KSTREAMS} p99", "0.90× [0.83–0.96]", "≤ 0.3 s, ≤ 1.00×", "met"], eo
+    assert table[("1s", "eos exactly-once")][6:] == ["eos at-least-once p99", "1.00×", "≤ 2 s", "met"]
+    # Under 300 ms, but worse than Kafka Streams in the same run: missed
+    eo = rows(_latency_section((0.25, 0.27), (0.20, 0.22)))[("100ms", "eos exactly-once")]
+    assert eo[7:] == ["1.24× [1.23–1.25]", "≤ 0.3 s, ≤ 1.00×", "MISSED"], eo
+
+    summary = {r["name"]: r for r in targets({"latency": _latency_section((0.25, 0.31), (0.30, 0.28))})}
+    assert summary["latency p99, trigger 100ms"]["target"] == "≤ 0.3 s"
+    assert summary["latency p99, trigger 100ms"]["verdict"] == "met"  # median 0.28 s
+    versus = summary[f"latency p99, trigger 100ms: exactly-once vs {KSTREAMS} (commit.interval.ms=100)"]
+    assert (versus["value"], versus["verdict"]) == ("0.97× [0.83–1.11]", "met"), versus
+    assert not any("1s: exactly-once vs" in name for name in summary)
+
+
+def _tiny_pom(path: Path) -> Path:
+    """A pom whose one dependency's coordinate comes from properties."""
+    path.write_text(
+        '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
+        "<groupId>dev.eos.test</groupId><artifactId>fetch-jars</artifactId><version>1</version>"
+        "<packaging>pom</packaging><dependencies><dependency><groupId>${dep.group}</groupId>"
+        "<artifactId>slf4j-api</artifactId><version>${dep.version}</version></dependency></dependencies></project>"
+    )
+    return path
+
+
+def test_fetch_jars_passes_properties_and_keys_its_cache_by_them(tmp_path: Path, monkeypatch) -> None:
+    """Properties reach Maven as -D (the pom has no version of its own) and are part of the cache's
+    key; a complete cache is used without Maven."""
+    from eos_ops.jvm import fetch_jars, jar_cache_dir
+
+    pom, root = _tiny_pom(tmp_path / "pom.xml"), tmp_path / "cache"
+    properties = {"dep.group": "org.slf4j", "dep.version": "2.0.17"}
+    libs = fetch_jars(pom, root, "slf4j", properties=properties)
+    assert [p.name for p in libs.glob("*.jar")] == ["slf4j-api-2.0.17.jar"]
+    assert libs.parent == jar_cache_dir(pom, root, properties) != jar_cache_dir(pom, root)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no mvn from here on
+    assert fetch_jars(pom, root, "slf4j", properties=properties) == libs
+    assert fetch_jars(pom, root, "slf4j", properties=properties, optional=True) == (libs, "")
+
+
+def test_fetch_jars_optional_says_why_a_tool_is_missing(tmp_path: Path, monkeypatch) -> None:
+    """Optional mode (for tools such as the profiler): what Maven Central does not have is None with
+    Maven's own words, remembered for a day (not asked again). No mvn at all is None too, and not
+    remembered: installing Maven is enough. Required mode raises, and asks again."""
+    from eos.errors import EnvironmentProblem
+    from eos_ops.jvm import fetch_jars
+
+    pom, root = _tiny_pom(tmp_path / "pom.xml"), tmp_path / "cache"
+    absent = {"dep.group": "dev.eos.test.absent", "dep.version": "0.0.1"}
+    libs, why = fetch_jars(pom, root, "absent", properties=absent, key="absent", optional=True)
+    assert libs is None and "Maven could not fetch the absent jars" in why, why
+    assert "dev.eos.test.absent:slf4j-api" in why and (root / "absent" / ".missing").read_text() == why
+    monkeypatch.setenv("PATH", str(tmp_path))  # no mvn from here on
+    assert fetch_jars(pom, root, "absent", properties=absent, key="absent", optional=True) == (None, why)
+    with pytest.raises(EnvironmentProblem, match=r"Maven \(mvn\) was not found"):
+        fetch_jars(pom, root, "absent", properties=absent, key="absent")
+    libs, why = fetch_jars(pom, root, "other", properties=absent, key="other", optional=True)
+    assert libs is None and "Maven (mvn) was not found" in why and not (root / "other").exists()

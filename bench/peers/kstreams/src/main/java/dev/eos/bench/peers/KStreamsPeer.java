@@ -92,6 +92,11 @@ import org.apache.kafka.streams.state.WindowStoreIterator;
  * stateful pipeline, the ends of its repartition topic); under exactly_once_v2 offsets become visible
  * only when the transaction that wrote the output commits, so at that point all output is committed.
  * Then it closes cleanly and writes a JSON summary to --result.
+ *
+ * <p>On a live input (the latency probe's) there is no end: with --live READY_FILE it writes READY_FILE once its
+ * stream threads run (state RUNNING: the group joined, the tasks assigned), and runs until its standard input
+ * closes; then it closes cleanly (committing what it has) and writes the summary. A runner that dies closes that
+ * input too, so the peer never outlives it.
  */
 public final class KStreamsPeer {
     static final long MINUTE_MS = 60_000L;
@@ -115,6 +120,7 @@ public final class KStreamsPeer {
         String output = required(opts, "output");
         String appId = required(opts, "application-id");
         String pipeline = opts.getOrDefault("pipeline", "stateless");
+        String live = opts.get("live");
         Schema eventSchema = readSchema(required(opts, "event-schema"));
         Schema outSchema = readSchema(required(opts, "output-schema"));
         long started = System.currentTimeMillis();
@@ -122,7 +128,9 @@ public final class KStreamsPeer {
         Properties adminProps = new Properties();
         adminProps.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         try (Admin admin = Admin.create(adminProps)) {
-            Map<TopicPartition, Long> ends = opts.containsKey("ends")
+            Map<TopicPartition, Long> ends = live != null
+                    ? Map.of()
+                    : opts.containsKey("ends")
                     ? parseEnds(input, opts.get("ends"))
                     : endOffsets(admin, inputPartitions(admin, input));
             long expected = ends.values().stream().mapToLong(Long::longValue).sum();
@@ -150,11 +158,24 @@ public final class KStreamsPeer {
                 failed.countDown();
                 return StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
             });
+            if (live != null) {
+                streams.setStateListener((now, before) -> {
+                    if (now == KafkaStreams.State.RUNNING) {
+                        try {
+                            Files.writeString(Path.of(live), "running\n");
+                        } catch (IOException e) {
+                            throw new UncheckedIOException(e);
+                        }
+                    }
+                });
+            }
             Runtime.getRuntime().addShutdownHook(new Thread(() -> streams.close(Duration.ofSeconds(30))));
             streams.start();
-            long timeoutMs = Long.parseLong(opts.getOrDefault("timeout-s", "600")) * 1000;
+            long deadline = started + Long.parseLong(opts.getOrDefault("timeout-s", "600")) * 1000;
             Set<String> internal = "stateful".equals(pipeline) ? Set.of(appId + "-by-campaign-repartition") : Set.of();
-            long doneAt = waitUntilCommitted(admin, appId, ends, internal, streams, failed, started + timeoutMs);
+            long doneAt = live != null
+                    ? waitUntilInputCloses(streams, failed, deadline)
+                    : waitUntilCommitted(admin, appId, ends, internal, streams, failed, deadline);
             long cpuAtDone = processCpuNs();
             streams.close(Duration.ofSeconds(60));
             long closed = System.currentTimeMillis();
@@ -436,8 +457,7 @@ public final class KStreamsPeer {
                                    KafkaStreams streams, CountDownLatch failed, long deadline) throws Exception {
         Set<TopicPartition> internalPartitions = new HashSet<>();
         while (System.currentTimeMillis() < deadline) {
-            if (failed.await(100, TimeUnit.MILLISECONDS) || streams.state() == KafkaStreams.State.ERROR
-                    || streams.state() == KafkaStreams.State.NOT_RUNNING) {
+            if (stopped(streams, failed)) {
                 return 0;
             }
             Map<TopicPartition, OffsetAndMetadata> committed =
@@ -455,6 +475,41 @@ public final class KStreamsPeer {
             }
         }
         return 0;
+    }
+
+    /**
+     * Live mode: waits until the runner closes this process's standard input; returns when that was
+     * seen (epoch ms), or 0 if the application failed or the deadline passed first.
+     */
+    static long waitUntilInputCloses(KafkaStreams streams, CountDownLatch failed, long deadline) throws Exception {
+        CountDownLatch closed = new CountDownLatch(1);
+        Thread watcher = new Thread(() -> {
+            try {
+                while (System.in.read() >= 0) {
+                    // nothing is sent: the input only closes
+                }
+            } catch (IOException e) {
+                // a broken input is a closed one
+            }
+            closed.countDown();
+        }, "stdin-watcher");
+        watcher.setDaemon(true);
+        watcher.start();
+        while (System.currentTimeMillis() < deadline) {
+            if (stopped(streams, failed)) {
+                return 0;
+            }
+            if (closed.getCount() == 0) {
+                return System.currentTimeMillis();
+            }
+        }
+        return 0;
+    }
+
+    /** Waits up to 100 ms for a failure; true if the application failed or stopped. */
+    static boolean stopped(KafkaStreams streams, CountDownLatch failed) throws InterruptedException {
+        return failed.await(100, TimeUnit.MILLISECONDS) || streams.state() == KafkaStreams.State.ERROR
+                || streams.state() == KafkaStreams.State.NOT_RUNNING;
     }
 
     static boolean reached(Map<TopicPartition, OffsetAndMetadata> committed, Map<TopicPartition, Long> ends) {
