@@ -19,13 +19,14 @@ import logging
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from eos.analysis import check_output_mode
 from eos.config import parse_duration
+from eos.declared import Connectors, replay_config
 from eos.driver import coordinator_for, take_over
 from eos.errors import CheckpointError, EosError
-from eos.pipeline import Connectors, replay_config
 from eos.protocol.committer import EpochCommitter
 from eos.protocol.coordinator import Coordinator
 from eos.protocol.decision import ControlLog, ControlState
@@ -33,13 +34,22 @@ from eos.protocol.report import EpochListener
 from eos.query import EosQuery, RunResult, Tally, guarded
 from eos.startup import check_changes_while_pending, settle
 
-if TYPE_CHECKING:
-    from eos.pipeline import Pipeline, StartOptions
-
 log = logging.getLogger("eos.launch")
 
 
-def launch(pipeline: Pipeline, options: StartOptions) -> EosQuery:
+@dataclass
+class StartOptions:
+    trigger: str | None = None  # overrides epochs.trigger: an interval, "available-now" or "once"
+    take_over: bool = False  # fence a driver that still answers, instead of refusing to start
+    finish_pending: bool = False  # replay the pending epoch, then stop
+    progress: bool = False  # progress lines on stderr
+    metrics_port: int | None = None
+    metrics_host: str | None = None  # overrides metrics.host (default 127.0.0.1)
+    listeners: list[EpochListener] = field(default_factory=list)
+
+
+def launch(pipeline: Any, options: StartOptions) -> EosQuery:
+    """`pipeline`: an eos.pipeline.Pipeline whose sources and sinks are declared (it calls this)."""
     from eos.observe.metrics import start_telemetry
     from eos.observe.progress import ProgressPrinter, SparkProgressBridge
 

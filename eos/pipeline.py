@@ -26,12 +26,11 @@ commits are per sink and slot. See docs/EXACTLY_ONCE.md.)
 
 from __future__ import annotations
 
-import importlib
 import os
 import socket
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,13 +48,14 @@ from eos.config import (
     kind_of,
     pipeline_model,
 )
+from eos.declared import Connectors, connectors, load_function, pipeline_info, replay_config
 from eos.errors import ConfigError, EosError
 from eos.failpoints import SOURCE_POINTS, Failpoints, from_specs
-from eos.model import masked_text, redacted
+from eos.model import masked_text
 from eos.protocol.checkpoint import Checkpoint
 from eos.protocol.plan import SINK_TAG, SinkPlan, sink_column
 from eos.protocol.report import EpochListener
-from eos.protocol.sink import PipelineInfo, Recovery, SinkConnector, SinkEntry
+from eos.protocol.sink import Recovery, SinkConnector, SinkEntry
 from eos.protocol.source import ERROR, POISON_COLUMNS, SourceConnector, SourceEntry, StreamOptions
 from eos.startup import OpenedCheckpoint, check_source_pin, check_spark, open_checkpoint, pinned_parallelism
 
@@ -65,67 +65,6 @@ if TYPE_CHECKING:
     from eos.query import EosQuery
 
 
-def load_function(reference: str):
-    module_name, _, function_name = reference.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"python transform {reference!r}: cannot import {module_name!r}: {exc}") from exc
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        raise ConfigError(f"python transform {reference!r}: {module_name} has no function {function_name!r}")
-    return function
-
-
-@dataclass
-class Connectors:
-    sources: list[SourceConnector]
-    sinks: list[SinkConnector]  # the configured sinks, then each source's dead-letter queue
-
-
-def connectors(config: PipelineConfig, pipeline: PipelineInfo) -> Connectors:
-    """The connector of every entry, found by its kind (for tools that read a pipeline without running it)."""
-    sources = [registry.source_kinds()[kind_of(entry)](entry, pipeline) for entry in config.sources]
-    sinks = [registry.sink_kinds()[kind_of(entry)](entry, pipeline) for entry in config.sinks]
-    sinks += [dlq for dlq in (source.dead_letters() for source in sources) if dlq is not None]
-    return Connectors(sources, sinks)
-
-
-def replay_config(
-    config: PipelineConfig, found: Connectors, parallelism: int, inputs: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    """Everything that decides what a replay of an epoch writes: pinned while an epoch is pending.
-    A pipeline file names its transforms; a pipeline built in code has only the schema of what
-    each sink receives (`inputs`) to show for its DataFrame code.
-
-    Credentials are not part of it: a replay must write the same rows, not log in the same way.
-    The connectors leave out how they reach their systems (replay_identity), and whatever else
-    holds a secret (a python transform's `api_token:` argument, a password inside a value) is
-    masked here, so the checkpoint never holds one and a rotated password changes nothing."""
-    replay = {
-        "sources": [source.replay_identity() for source in found.sources],
-        "transforms": [t.model_dump(mode="json") for t in config.transforms],
-        "sinks": [{"kind": type(sink).kind, **sink.replay_identity()} for sink in found.sinks],
-        "parallelism": parallelism,
-        "output_mode": config.epochs.output_mode,
-        "mode": config.epochs.mode,
-    }
-    if inputs:
-        replay["inputs"] = dict(inputs)
-    return redacted(replay)
-
-
-def pipeline_info(config: PipelineHeader, checkpoint_id: str, base_dir: Path | None) -> PipelineInfo:
-    return PipelineInfo(
-        name=config.name,
-        checkpoint_id=checkpoint_id,
-        exactly_once=config.exactly_once,
-        epoch_timeout_s=config.epochs.timeout,
-        base_dir=base_dir,
-        ledger=config.ledger_topic,
-    )
-
-
 @dataclass
 class _Branch:
     """One branch of the union: a sink's rows, or a source's poison rows."""
@@ -133,17 +72,6 @@ class _Branch:
     name: str
     rows: Any
     sink: SinkConnector | None  # None: rows are only counted (poison under `fail` or `skip`)
-
-
-@dataclass
-class StartOptions:
-    trigger: str | None = None  # overrides epochs.trigger: an interval, "available-now" or "once"
-    take_over: bool = False  # fence a driver that still answers, instead of refusing to start
-    finish_pending: bool = False  # replay the pending epoch, then stop
-    progress: bool = False  # progress lines on stderr
-    metrics_port: int | None = None
-    metrics_host: str | None = None  # overrides metrics.host (default 127.0.0.1)
-    listeners: list[EpochListener] = field(default_factory=list)
 
 
 class Pipeline:
@@ -358,7 +286,7 @@ class Pipeline:
         handle. `take_over`: fence a previous driver that still answers instead of refusing to
         start. `finish_pending`: replay only the pending epoch (a handle that ends after it; an
         already finished handle when nothing is pending)."""
-        from eos.launch import launch
+        from eos.launch import StartOptions, launch
 
         self._building("start() was called again")
         if not self._sources:
@@ -433,4 +361,4 @@ def _kind(entry: Any, kinds: Mapping[str, Any], what: str) -> str:
     return kind
 
 
-__all__ = ["Connectors", "Pipeline", "StartOptions", "connectors", "load_function", "pipeline_info", "replay_config"]
+__all__ = ["Connectors", "Pipeline", "connectors", "load_function", "pipeline_info", "replay_config"]

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eos.config import PipelineConfig
+from eos.declared import connectors, pipeline_info
 from eos.errors import ConfigError, EnvironmentProblem, EosError
-from eos.pipeline import connectors, pipeline_info
 from eos.protocol.checkpoint import is_local, local_path
 from eos.yamlpipeline import located
 

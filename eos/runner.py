@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from eos.config import PipelineConfig, load_pipeline
+from eos.declared import connectors, pipeline_info
 from eos.driver import take_over
-from eos.pipeline import connectors, pipeline_info
 from eos.protocol.report import EpochListener
 from eos.query import STOP_MARKER, EosQuery, RunResult, StopRequested
 from eos.startup import check_changes_while_pending, describe_changes

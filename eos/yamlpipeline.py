@@ -19,8 +19,9 @@ from typing import Any
 
 from eos.analysis import spark_message, sql_position, sql_problem
 from eos.config import PipelineConfig
+from eos.declared import load_function
 from eos.errors import ConfigError, EosError
-from eos.pipeline import Pipeline, load_function
+from eos.pipeline import Pipeline
 
 
 def build_pipeline(

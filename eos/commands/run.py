@@ -37,8 +37,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     import json
 
     from eos.config import load_pipeline
+    from eos.declared import connectors, pipeline_info
     from eos.model import redacted
-    from eos.pipeline import connectors, pipeline_info
     from eos.runner import describe_plan
 
     config = load_pipeline(args.pipeline)
