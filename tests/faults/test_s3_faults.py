@@ -23,7 +23,7 @@ import pytest
 from eos.failpoints import release
 from eos.protocol.checkpoint import scratch_dir
 from tests.faults.test_fault_matrix import eos_verify
-from tests.integration.test_s3_server import commands_holding
+from tests.integration.test_s3 import commands_holding
 from tests.pipelines import (
     ROOT,
     assert_exactly_once,

@@ -1,14 +1,22 @@
 """The local S3 server the S3 tests share (S3Proxy, eos_ops.s3), checked without Spark: it is
 private (signed requests only, with its own credentials, which no command line shows), and it
-honours what a Delta table's concurrent writers rely on, the conditional PUT."""
+honours what a Delta table's concurrent writers rely on, the conditional PUT. And a Spark that
+eos did not start, without the S3A connector, is told so. (Pipelines on S3:
+tests/faults/test_s3_faults.py.)"""
 
 from __future__ import annotations
 
+import re
 import stat
 from pathlib import Path
 
+import pytest
+
+from eos.errors import CheckpointError
+from eos.protocol.checkpoint import Checkpoint
 from eos_ops import jvm
 from eos_ops.s3 import Credentials, S3Client
+from tests.pipelines import eos_subprocess, passthrough_pipeline, write_pipeline
 
 
 def test_only_signed_requests_with_the_servers_own_keys_get_in(s3):
@@ -59,6 +67,35 @@ def test_the_server_listens_on_loopback_outside_the_ephemeral_range_and_misses_n
     low, high = jvm.ephemeral_range()
     assert not low <= port <= high
     assert s3.missing_classes() == []
+
+
+def test_a_spark_without_the_s3a_connector_is_told_what_it_lacks(spark):
+    """The suite's session was started for local checkpoints, as a user's own SparkSession might be:
+    eos cannot add jars to a JVM that runs already, and says what is missing instead of Hadoop's
+    bare ClassNotFoundException."""
+    with pytest.raises(CheckpointError, match=r"no Hadoop connector for s3a://.*S3AFileSystem not found") as error:
+        Checkpoint("s3a://bucket/pipelines/ck", spark)
+    assert "hadoop-aws" in (error.value.hint or "")
+
+
+def test_eos_reset_on_s3_refuses_a_bucket_root_and_a_folder_holding_what_eos_did_not_write(s3, tmp_path):
+    """`eos reset` reads the checkpoint through the pipeline's s3a settings (endpoint, credentials
+    as ${VAR}s) and the connector eos adds, and deletes only what Spark and eos write: a bucket's
+    root is refused before anything starts, and so is a checkpoint folder with a stranger's object
+    in it (which stays)."""
+    prefix = s3.prefix("reset")
+    env = s3.credentials_env()
+    for location, refusal in [
+        (f"s3a://{s3.bucket}/", rf"{s3.bucket}/ is the root of the filesystem s3a://{s3.bucket}"),
+        (f"s3a://{s3.bucket}/{prefix}/ck", r"neither Spark nor eos wrote: offsets/notes\.txt"),
+    ]:
+        config = passthrough_pipeline("reset-on-s3", "127.0.0.1:1", "in", "out", location)  # type: ignore[arg-type]
+        config["spark"] = {"conf": s3.spark_conf()}
+        s3.client().put(s3.bucket, f"{prefix}/ck/offsets/notes.txt", b"a stranger's")
+        refused = eos_subprocess("reset", str(write_pipeline(tmp_path, config)), "--yes", env=env, timeout=180)
+        assert refused.returncode != 0 and re.search(refusal, refused.output), refused.output[-3000:]
+        assert "Traceback" not in refused.output
+    assert s3.client().keys(s3.bucket, f"{prefix}/") == [f"{prefix}/ck/offsets/notes.txt"]
 
 
 def commands_holding(secret: str) -> list[str]:
