@@ -1,7 +1,8 @@
 """Running a background JVM service from jars resolved with Maven: the parts any such service shares.
 
-The local Kafka broker (`localkafka`) and the local HDFS (`hdfs`) both need a Java 17+, a jar
-cache keyed by the hash of a pom, free loopback ports, and pid files that survive PID reuse.
+The local Kafka broker (`localkafka`), the local HDFS (`hdfs`) and the local S3 server (`s3`) all
+need a Java 17+, a jar cache keyed by the hash of a pom (eos.maven), free loopback ports, and pid
+files that survive PID reuse.
 Error messages name the service, so a user sees "the local HDFS needs Java 17", not Kafka.
 """
 
