@@ -69,6 +69,15 @@ def test_the_server_listens_on_loopback_outside_the_ephemeral_range_and_misses_n
     assert s3.missing_classes() == []
 
 
+def test_eos_s3_status_names_the_running_server_and_where_its_credentials_are(s3):
+    running = eos_subprocess("s3", "status", "--data-dir", str(s3.server.data_dir), timeout=60)
+    assert running.returncode == 0, running.output
+    assert f"running at {s3.endpoint}" in running.output and str(s3.server.env_file) in running.output
+    assert s3.secret_key not in running.output
+    stopped = eos_subprocess("s3", "status", "--data-dir", str(s3.server.data_dir / "none"), timeout=60)
+    assert stopped.returncode == 3 and "not running" in stopped.output
+
+
 def test_a_spark_without_the_s3a_connector_is_told_what_it_lacks(spark):
     """The suite's session was started for local checkpoints, as a user's own SparkSession might be:
     eos cannot add jars to a JVM that runs already, and says what is missing instead of Hadoop's
