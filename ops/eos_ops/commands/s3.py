@@ -4,6 +4,7 @@ checkpoint on s3a:// (docs/S3.md)."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -19,10 +20,14 @@ def _server(args: argparse.Namespace):
 
 
 def cmd_s3_start(args: argparse.Namespace) -> int:
+    from eos_ops.s3 import SPARK_CONF
+
     server = _server(args)
     status = server.start(progress=_say, timeout=args.timeout)
     print(f"S3 at {status.endpoint}, bucket {server.bucket}: s3a://{server.bucket}/...")
     print(f"credentials (new at every start) and endpoint: `. {server.env_file}` in a shell (mode 0600)")
+    print("a pipeline's settings for it (the ${VAR}s come from that file):\nspark:\n  conf:")
+    print("\n".join(f"    {key}: {json.dumps(value)}" for key, value in SPARK_CONF.items()))
     return 0 if status.answers else 1
 
 
