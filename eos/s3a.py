@@ -2,10 +2,11 @@
 
 PySpark's wheel carries Hadoop's client but none of its object-store connectors. For a pipeline
 whose checkpoint is on s3a://, eos resolves hadoop-aws and the AWS SDK modules it uses from
-Maven Central once (`ops/s3/s3a/pom.xml`, cached under $EOS_HOME/s3a/<hash of the pom>/libs)
-and names those jars in `spark.jars` of the session it starts: on the driver's classpath, and
-shipped to executors on a cluster. hadoop-aws must be the version of PySpark's Hadoop client
-exactly (its classes extend that client's), so a mismatch is refused with the reason.
+Maven Central once (`ops/s3/s3a/pom.xml`, cached under $EOS_HOME/s3a/<hash of the pom>/libs by
+the jar cache the local broker's jars go through) and names those jars in `spark.jars` of the
+session it starts: on the driver's classpath, and shipped to executors on a cluster. hadoop-aws
+must be the version of PySpark's Hadoop client exactly (its classes extend that client's), so a
+mismatch is refused with the reason.
 
 Nothing is added when the jars come another way: a hadoop-aws jar in Spark's own jars folder, or
 one named by the pipeline's spark.jars, spark.jars.packages or spark.driver.extraClassPath. A
@@ -16,12 +17,14 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from eos.errors import EnvironmentProblem
-from eos.maven import Progress, fetch_jars
 from eos.paths import eos_home, ops_dir
+
+Progress = Callable[[str], None]
 
 SCHEME = "s3a://"
 # Where a session's settings may already bring hadoop-aws.
@@ -68,8 +71,22 @@ def connector_jars(progress: Progress) -> list[str]:
             hint=f"set hadoop.version in {pom()} to {bundled} (and the AWS SDK version that hadoop-aws release "
             "names), or run on the PySpark eos was released with",
         )
-    libs = fetch_jars(pom(), eos_home() / "s3a", f"S3A connector (hadoop-aws {pinned})", progress)
+    libs = _fetch_jars(pom(), eos_home() / "s3a", f"S3A connector (hadoop-aws {pinned})", progress)
     return sorted(str(jar) for jar in libs.glob("*.jar"))
+
+
+def _fetch_jars(pom: Path, cache_root: Path, what: str, progress: Progress) -> Path:
+    """The jar cache of eos's operational tools (eos_ops.jvm.fetch_jars: Maven, once per pom), found
+    through the entry point group `eos.tools` as the CLI finds their commands: the core never
+    imports them."""
+    found = entry_points(group="eos.tools", name="fetch_jars")
+    if not found:
+        raise EnvironmentProblem(
+            "eos's operational tools (eos_ops) are not installed: they fetch the S3A connector's jars",
+            hint="install eos as a whole (pip install eos), or put hadoop-aws on Spark's classpath yourself",
+        )
+    fetch = next(iter(found)).load()
+    return fetch(pom, cache_root, what, progress)
 
 
 def _say(message: str) -> None:
