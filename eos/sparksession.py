@@ -392,6 +392,10 @@ def build_spark(
     from pyspark.sql import SparkSession
 
     settings = session_settings(master, conf, checkpoint, under_spark_submit)
+    if not under_spark_submit:  # a JVM eos starts: the S3A connector for an s3a:// checkpoint
+        from eos.s3a import with_connector
+
+        settings = with_connector(settings, checkpoint)
     chosen = os.environ.get("SPARK_HOME")
     if (
         not under_spark_submit

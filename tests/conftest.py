@@ -64,6 +64,23 @@ def secure_kafka(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixtu
         secured.close()
 
 
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
+    """ONE real S3 server for the whole session (S3Proxy on loopback, eos_ops.s3): a bucket, fresh
+    credentials, and what a pipeline's spark.conf and a Delta table's storage options need
+    (tests/support_s3.py). Tests keep apart by key prefix."""
+    from tests.support_s3 import start_s3_under_test
+
+    server = start_s3_under_test(tmp_path_factory.mktemp("s3"))
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled():  # shown in every run, not only with -s
+        print(f"\nS3 server (S3Proxy) started in {server.start_seconds:.1f} s", flush=True)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
 @pytest.fixture
 def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
     """Names unique per test (and per call), so tests sharing a broker never interfere."""

@@ -1,7 +1,8 @@
 """The checkpoint: Spark's logs, and eos's own metadata beside them (`<checkpoint>/_eos/pipeline.json`).
 
 The checkpoint may live wherever Spark keeps checkpoints: a local path, `file://`, `hdfs://`,
-or any Hadoop FileSystem (`s3a://`, `abfss://`, `gs://` with their connectors on the classpath).
+`s3a://` (eos adds the connector: eos.s3a; docs/S3.md), or any Hadoop FileSystem (`abfss://`,
+`gs://` with their connectors on the classpath).
 Local paths are read with plain file IO; everything else through Spark's own
 `CheckpointFileManager` (py4j), the component Spark writes its offset and commit logs with: a
 write is a new file renamed into place, so a reader sees the old file or the new one, never a
@@ -129,7 +130,19 @@ class _HadoopFiles:
         self._Path = jvm.org.apache.hadoop.fs.Path
         self._IOUtils = jvm.org.apache.commons.io.IOUtils
         path = self._Path(self._root)
-        self.fs = path.getFileSystem(hadoop_conf)
+        try:
+            self.fs = path.getFileSystem(hadoop_conf)
+        except Exception as exc:  # py4j's error, holding Hadoop's
+            missing = re.search(r"Class (\S+) not found|No FileSystem for scheme \S+", str(exc))
+            if missing is None:
+                raise
+            raise CheckpointError(
+                f"checkpoint {root}: this Spark has no Hadoop connector for {urlsplit(root).scheme}:// "
+                f"({missing.group(0)})",
+                hint="eos adds the S3A connector (hadoop-aws) for s3a:// to the Spark it starts itself; a session "
+                "started elsewhere (spark-submit, your own SparkSession) needs the connector on its classpath, "
+                "e.g. --packages org.apache.hadoop:hadoop-aws:<the Hadoop version PySpark bundles> (docs/S3.md)",
+            ) from None
         managers = getattr(jvm.org.apache.spark.sql.execution.streaming.checkpointing, "CheckpointFileManager$")
         self.manager = getattr(managers, "MODULE$").create(path, hadoop_conf)
 

@@ -49,6 +49,7 @@ from eos.protocol.channel import Liveness, ping
 from eos.protocol.checkpoint import Checkpoint, CheckpointMeta, is_local
 from eos.protocol.decision import Decision, DriverInfo, Pool, decode
 from eos.protocol.sink import SinkConnector
+from eos.s3a import with_connector
 from eos_ops.java_client import NoJavaEquivalent, write_command_config
 
 OPEN_STATES = {"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"}
@@ -114,7 +115,7 @@ def open_checkpoint(config: PipelineConfig, base_dir: Path | None, jvm: bool | N
         jvm = not is_local(location)
     if not jvm:
         return Checkpoint(location), None
-    gateway = JvmGateway({k: str(v) for k, v in config.spark.conf.items()})
+    gateway = JvmGateway(with_connector({k: str(v) for k, v in config.spark.conf.items()}, location))
     try:
         if not is_local(location):
             return Checkpoint(location, gateway.session), gateway

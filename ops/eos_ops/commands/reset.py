@@ -45,7 +45,10 @@ def cmd_reset(args: argparse.Namespace) -> int:
             f"the ledger topic {config.ledger_topic} and its control log: the pipeline will start over from its "
             "starting offsets and write its output again. Add --yes to do it."
         )
-    spark = None if is_local(location) else build_spark("eos-reset", "local[1]")
+    # A remote checkpoint is read through Spark's JVM, with the pipeline's settings for its
+    # filesystem (spark.hadoop.*: an s3a:// endpoint and credentials) and its connector.
+    conf = {key: str(value) for key, value in config.spark.conf.items()}
+    spark = None if is_local(location) else build_spark("eos-reset", "local[1]", conf=conf, checkpoint=location)
     checkpoint = Checkpoint(location, spark)
     checkpoint.check_deletable(args.pipeline)  # before anything is fenced or deleted
     meta = checkpoint.read_meta() if checkpoint.files.exists("_eos/pipeline.json") else None
