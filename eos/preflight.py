@@ -73,6 +73,11 @@ def run_checks(config: PipelineConfig, base_dir: Path | None, stop_at_first: boo
                 if stop_at_first:
                     raise
                 findings.append(Finding(what, exc))
+            except Exception as exc:  # a system's answer no check expected: reported, never a traceback
+                problem = EnvironmentProblem(f"{what}: {type(exc).__name__}: {str(exc)[:500]}")
+                if stop_at_first:
+                    raise problem from exc
+                findings.append(Finding(what, problem))
     finally:
         for connector in opened:
             connector.close()  # type: ignore[attr-defined]

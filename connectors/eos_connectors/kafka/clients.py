@@ -93,10 +93,37 @@ def _with_defaults(role: str, config: ClientConfig, **defaults: Any) -> dict[str
     return merged
 
 
+class _ClientErrors:
+    """An admin client's error callback: remembers a refused authentication. librdkafka reports a
+    wrong password, a mechanism the broker does not enable or a certificate it rejects only there
+    (the request itself just times out, as if the broker were down)."""
+
+    def __init__(self) -> None:
+        self.authentication: str | None = None
+
+    def __call__(self, error: Any) -> None:
+        from confluent_kafka import KafkaError
+
+        if error.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._SSL):
+            self.authentication = error.str()
+
+
 def admin_client(config: ClientConfig):
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient(_with_defaults("admin", config))
+    errors = _ClientErrors()
+    client = AdminClient({**_with_defaults("admin", config), "error_cb": errors})
+    client.eos_errors = errors  # read by `refused_authentication`
+    return client
+
+
+def refused_authentication(admin: Any) -> str | None:
+    """Why the cluster refused this admin client's credentials, if it did (after a request failed)."""
+    errors = getattr(admin, "eos_errors", None)
+    if errors is None:
+        return None
+    admin.poll(0.1)  # callbacks are served by poll()
+    return errors.authentication
 
 
 def producer(config: ClientConfig, **defaults: Any):
@@ -187,6 +214,9 @@ def describe_topics(admin, topics: Iterable[str], timeout: float = 10.0) -> dict
         except KafkaException as exc:
             if _names_unknown_topic(exc):
                 raise UnknownTopic(name) from None
+            refused = refused_authentication(admin)
+            if refused:
+                raise NotAuthenticated(refused) from None
             raise BrokerUnreachable(str(exc)) from exc
         partitions = sorted(p.id for p in description.partitions)
         if not partitions:
@@ -308,12 +338,19 @@ def reachable(what: str, bootstrap: str, call: Any) -> Any:
             if refused:  # nothing listens: no need to wait out a request timeout to know
                 raise BrokerUnreachable(refused)
             return call()
+        except NotAuthenticated as exc:  # an answer, not an outage: no retry helps
+            raise EnvironmentProblem(
+                f"{what}: Kafka at {bootstrap} refused this client's credentials ({exc})",
+                hint="check the entry's `config:` (sasl.mechanism, sasl.username, sasl.password, or the TLS "
+                "certificate and key); `eos acls PIPELINE` lists the principals a pipeline uses",
+            ) from None
         except BrokerUnreachable as exc:
             if attempt == attempts:
                 raise EnvironmentProblem(
                     f"{what}: cannot reach Kafka at {bootstrap} after {attempts} attempts over "
                     f"{time.monotonic() - started:.0f} s ({exc})",
-                    hint="is the broker running (`eos kafka status`) and is bootstrap right?",
+                    hint="is the broker running (`eos kafka status`) and is bootstrap right? A cluster that takes TLS "
+                    "or SASL needs them in the entry's `config:` (security.protocol, ...)",
                 ) from None
             log.warning("%s: Kafka at %s unreachable (attempt %d/%d), retrying", what, bootstrap, attempt, attempts)
             print(f"eos: {what}: Kafka at {bootstrap} unreachable (attempt {attempt}/{attempts}), retrying",
@@ -349,6 +386,11 @@ class UnknownTopic(Exception):
 
 class BrokerUnreachable(Exception):
     pass
+
+
+class NotAuthenticated(BrokerUnreachable):
+    """The cluster refused the client's credentials (a BrokerUnreachable to callers that only
+    retry or report it)."""
 
 
 # ---------------------------------------------------------------------------------------------
