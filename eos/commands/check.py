@@ -22,7 +22,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
         started = time.monotonic()
         print("starting a local Spark to analyse the query's plan...", file=sys.stderr, flush=True)
-        spark = build_spark("eos-check", master="local[1]", checkpoint=config.checkpoint_path(base_dir))
+        # The pipeline's own settings (a connector for its checkpoint's filesystem, say), on one core.
+        conf = {k: str(v) for k, v in config.spark.conf.items()}
+        spark = build_spark("eos-check", master="local[1]", conf=conf, checkpoint=config.checkpoint_path(base_dir))
         print(f"  (Spark started in {time.monotonic() - started:.1f} s)", file=sys.stderr, flush=True)
         try:
             finding = analyse(config, base_dir, spark)
