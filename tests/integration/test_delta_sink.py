@@ -50,7 +50,7 @@ def delta_pipeline(
                 "value_format": "string",
                 "kafka": {"bootstrap": bootstrap, "topics": [topic], "max_records_per_epoch": max_records_per_epoch},
             }
-        ],  # fmt: skip
+        ],
         "sinks": [
             {
                 "name": "lake",
@@ -305,6 +305,11 @@ def test_lingering_staged_files_are_listed_cleaned_up_and_reset(bootstrap, new_t
     data_before = sorted(p.name for p in (tmp_path / "lake").glob("eos-*.parquet"))
     assert len(data_before) == 3
 
+    status = io.StringIO()
+    with contextlib.redirect_stdout(status):
+        eos_main(["status", str(path)])
+    assert all(line.split(":")[0] in status.getvalue() for line in lingering), status.getvalue()
+
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert eos_main(["delta", "cleanup", str(path)]) == 0
@@ -318,3 +323,28 @@ def test_lingering_staged_files_are_listed_cleaned_up_and_reset(bootstrap, new_t
     assert DeltaSink.read_ledger([sink]) == {}
     assert DeltaTable(sink.uri).transaction_version(sink.app_id) == ledger.NOTHING
     assert sorted(str(r["id"]) for r in delta_rows(tmp_path / "lake")) == ["a"]  # its rows stay
+
+
+def test_vacuum_spares_the_staging_folder_and_a_vacuumed_file_is_never_committed(
+    bootstrap, new_topic, unique_name, tmp_path
+):
+    """VACUUM with no retention (what docs/DELTA.md says never to run while an epoch is in flight)
+    deletes an append's staged data file, but nothing under _eos_staged/. Recovery then does not
+    commit a version naming the missing file, even though the decision names it: it removes the
+    attempt, and the replay writes the slot again."""
+    from eos.protocol.decision import Decision
+
+    _, sink, schema = staged_sink(tmp_path, unique_name("p"), bootstrap, new_topic())
+    lost = stage(sink, schema, 0, 1, ["b"])
+    table = DeltaTable(sink.uri)
+    vacuumed = table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False, full=True)
+    assert len(vacuumed) == 1 and vacuumed[0].startswith("eos-e0-a1-s1-"), vacuumed
+    assert len(staged_files(tmp_path / "lake")) == 2  # its manifest and note survive
+    kept = stage(sink, schema, 0, 0, ["a"])
+
+    decision = Decision(0, 1, "run", {"lake": [kept.handle, lost.handle]})
+    done = dict(sink.resolve_staged(decision))
+    assert done == {kept.handle: "committed", lost.handle: "rolled back"}, done
+    assert [r["id"] for r in delta_rows(tmp_path / "lake")] == ["a"]
+    assert sorted(DeltaSink.read_ledger([sink])) == [("lake", 0)]  # the replay writes slot 1 again
+    assert staged_files(tmp_path / "lake") == []

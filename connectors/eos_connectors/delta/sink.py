@@ -34,6 +34,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from eos.api import (
     ConfigError,
@@ -64,7 +65,6 @@ from eos_connectors.delta.table import (
     partition_folder,
     partition_value,
     resolve_uri,
-    uri_path,
 )
 
 if TYPE_CHECKING:
@@ -232,7 +232,7 @@ class DeltaSink(SinkConnector):
     def commit(self, prepared: list[Prepared]) -> None:
         manifests = self._manifests(prepared)
         rows = self._agreed.pop(tuple(sorted(p.handle for p in prepared)), None)
-        self._commit(manifests, rows)
+        self._commit(manifests, rows if len(manifests) == len(prepared) else None)
         self._unstage(manifests)
 
     def discard(self, prepared: list[Prepared]) -> None:
@@ -290,7 +290,7 @@ class DeltaSink(SinkConnector):
         _between_check_and_commit(table)
         try:
             if self.section.mode == "upsert":
-                if rows is None or len(todo) != len(manifests):
+                if rows is None or len(todo) != len(manifests):  # `rows` are every manifest's
                     rows = self._staged_rows(todo)
                 merge(table, rows, list(self.section.key or []), properties)
             else:
@@ -375,8 +375,8 @@ class DeltaSink(SinkConnector):
         if files and committed_up_to is not None and attempt.epoch <= committed_up_to:
             table = self.table()
             if table is not None:
-                used = {str(p) for p in table.get_add_actions().column("path").to_pylist()}
-                files = [f for f in files if f not in used and uri_path(f) not in used]
+                used = {unquote(str(p)) for p in table.get_add_actions().column("path").to_pylist()}
+                files = [f for f in files if f not in used]
         self.store.delete(files)
         self.store.delete(list(attempt.paths))
 
@@ -531,7 +531,8 @@ def _check_one_row_per_key(sink: str, epoch: int, rows: pa.Table, key: list[str]
 def _add_action(f: StagedFile) -> Any:
     from deltalake.transaction import AddAction
 
-    return AddAction(uri_path(f.path), f.size, f.partition_values, f.modification_time, True, f.stats)
+    # The path as it is on the filesystem: delta-rs percent-encodes it into the log's URI form.
+    return AddAction(f.path, f.size, f.partition_values, f.modification_time, True, f.stats)
 
 
 def _backquote(name: str) -> str:

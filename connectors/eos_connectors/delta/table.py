@@ -225,11 +225,6 @@ def partition_folder(values: dict[str, str | None]) -> str:
     return "".join(f"{k}={NULL_FOLDER if v is None else quote(v, safe='')}/" for k, v in values.items())
 
 
-def uri_path(path: str) -> str:
-    """An add action's `path` is a URI reference: the file's path, percent-encoded."""
-    return quote(path, safe="/")
-
-
 _STATS_TYPES = ("int", "uint", "string", "large_string", "date32", "timestamp")
 
 
