@@ -348,3 +348,22 @@ def test_vacuum_spares_the_staging_folder_and_a_vacuumed_file_is_never_committed
     assert [r["id"] for r in delta_rows(tmp_path / "lake")] == ["a"]
     assert sorted(DeltaSink.read_ledger([sink])) == [("lake", 0)]  # the replay writes slot 1 again
     assert staged_files(tmp_path / "lake") == []
+
+
+def test_the_python_api_declares_a_delta_sink(spark, bootstrap, new_topic, unique_name, tmp_path):
+    """`delta.Sink(...)` in a pipeline built in code: the same sink as a file's `delta:` section."""
+    import eos
+    from eos_connectors import delta, kafka
+
+    source = new_topic(partitions=2)
+    sent = produce_numbered(bootstrap, source, 0, 300)
+    pipeline = eos.Pipeline(unique_name("api"), tmp_path / "ck", spark=spark, epochs=eos.Epochs(slots=2, timeout="60s"))
+    events = pipeline.source(
+        kafka.Source("events", bootstrap=bootstrap, topics=[source], key_format="string", value_format="string")
+    )
+    lake = tmp_path / "lake"
+    pipeline.sink(events.selectExpr("value AS id", "key AS k"), delta.Sink("lake", table=str(lake), create_table=True))
+    query = pipeline.start(trigger="available-now")
+    query.awaitTermination(300)
+    assert query.exception() is None
+    assert_exactly_once(sent, delta_ids(lake))
