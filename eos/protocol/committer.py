@@ -326,6 +326,11 @@ class EpochCommitter:
         prepared = [p for r in reports for p in r.prepared()] if self.pipeline.exactly_once else []
         decide_s = commit_s = 0.0
         if self.pipeline.exactly_once and prepared:
+            by_sink: dict[str, list[Prepared]] = defaultdict(list)
+            for p in prepared:
+                by_sink[p.sink].append(p)
+            for sink, items in by_sink.items():
+                self.by_name[sink].agree(items)
             decided = time.perf_counter()
             self._emit("on_phase", plan.epoch, plan.attempt, DECIDE)
             self._decide(plan, prepared)

@@ -9,7 +9,8 @@ Per epoch attempt, for each slot (a partition of the epoch's rows), in a Spark t
   3. `SlotWriter.precommit(entry)`          add the slot's ledger entry to the SAME transaction and make
                                             it durable but invisible (flush / PREPARE TRANSACTION);
                                             returns a `Prepared` handle; the slot then votes
-Then on the driver, once every slot has voted and the decision is recorded:
+Then on the driver, once every slot has voted: `SinkConnector.agree` (a last check; raising aborts),
+and once the decision is recorded:
   4. commit: a sink whose prepared transaction can be committed from anywhere (`Recovery.RESUME`,
      e.g. PostgreSQL's COMMIT PREPARED) is committed by the driver (`SinkConnector.commit`); one
      whose transaction only its own producer can commit (`Recovery.REPLAY`, Kafka through
@@ -208,6 +209,11 @@ class SinkConnector(ABC):
     @abstractmethod
     def read_ledger(cls, sinks: list[SinkConnector]) -> Ledger:
         """The latest committed entry of each (sink, slot) of these sinks."""
+
+    def agree(self, prepared: list[Prepared]) -> None:  # noqa: B027 - optional
+        """Step 3, on the driver: this sink's pre-commits of the attempt, before the decision is
+        recorded. Raising aborts the attempt with nothing of it committed anywhere (a check only
+        the whole epoch's output can answer: a Delta MERGE's one row per key)."""
 
     def commit(self, prepared: list[Prepared]) -> None:
         """RESUME: commit these prepared transactions from the driver."""
