@@ -134,6 +134,8 @@ def describe_topics(admin, topics: Iterable[str], timeout: float = 10.0) -> dict
         except KafkaException as exc:
             if _names_unknown_topic(exc):
                 raise UnknownTopic(name) from None
+            if _names_denied_topic(exc):
+                raise NotAuthorized(str(exc)) from None
             raise BrokerUnreachable(str(exc)) from exc
         partitions = sorted(p.id for p in description.partitions)
         if not partitions:
@@ -196,6 +198,13 @@ def _names_unknown_topic(exc: BaseException) -> bool:
     return isinstance(error, KafkaError) and error.code() in unknown
 
 
+def _names_denied_topic(exc: BaseException) -> bool:
+    from confluent_kafka import KafkaError
+
+    error = exc.args[0] if exc.args else None
+    return isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
 def create_topic(
     admin, name: str, partitions: int = 1, replication: int = -1, config: Mapping[str, str] | None = None
 ) -> bool:
@@ -230,6 +239,8 @@ def reachable(what: str, bootstrap: str, call: Any) -> Any:
     for attempt in range(1, attempts + 1):
         try:
             return call()
+        except NotAuthorized:
+            raise  # an answer, not an outage: the caller names the missing ACL
         except BrokerUnreachable as exc:
             if attempt == attempts:
                 raise EnvironmentProblem(
@@ -252,6 +263,11 @@ class UnknownTopic(Exception):
 
 class BrokerUnreachable(Exception):
     pass
+
+
+class NotAuthorized(BrokerUnreachable):
+    """The brokers refused for want of an ACL (a BrokerUnreachable to callers that only retry or
+    report; start-up checks name the ACL: eos_connectors.kafka.access)."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,8 +28,10 @@ from eos.api import (
 )
 from eos_connectors.formats import avro, check_formats
 from eos_connectors.formats.decode import decode_in_spark, source_view
+from eos_connectors.kafka import access
 from eos_connectors.kafka import offsets as planning
 from eos_connectors.kafka.clients import (
+    NotAuthorized,
     UnknownTopic,
     admin_client,
     consumer,
@@ -103,6 +105,9 @@ class KafkaSource(SourceConnector):
             )
         except UnknownTopic as exc:
             raise ConfigError(f"source {self.name}: topic {exc.topic!r} does not exist on {kafka.bootstrap}") from None
+        except NotAuthorized:
+            access.check_source(self)  # names the missing ACLs
+            raise
         for topic, info in topics.items():
             if not info.topic_id or info.topic_id.startswith("AAAAAAAAAAAAAAAAAAAAAA"):
                 raise EnvironmentProblem(
@@ -113,6 +118,7 @@ class KafkaSource(SourceConnector):
         return topics
 
     def check(self, spark: Any) -> None:
+        access.check_source(self)  # the ACLs it needs, before anything is written
         self._topics()
         dead = self.dead_letters()
         if dead is not None:
