@@ -19,6 +19,7 @@ import pytest
 from eos_connectors.kafka.clients import admin_client, create_topic
 from tests.spark_cds import driver_opts
 from tests.support import KafkaUnderTest, start_kafka_under_test
+from tests.support_secure import SecureKafka, start_secure_kafka
 
 # Test-only: every Spark driver the tests start (in this process, in `eos` subprocesses, under
 # spark-submit) runs short jobs, where JVM start-up dominates. Spark's launcher adds
@@ -45,6 +46,22 @@ def bootstrap(kafka: KafkaUnderTest) -> str:
 @pytest.fixture(scope="session")
 def admin(bootstrap: str):
     return admin_client({"bootstrap.servers": bootstrap})
+
+
+@pytest.fixture(scope="session")
+def secure_kafka(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[SecureKafka]:
+    """ONE secured local broker for the whole session (SASL_SSL, SCRAM-SHA-512, the StandardAuthorizer,
+    no access without an ACL): `bootstrap`, `settings(user)` (librdkafka settings of a SCRAM user made
+    on first use), `admin` (the super user's AdminClient, for set-up), `grant_all(user)`, `revoke(acls)`.
+    Always the embedded broker, whatever EOS_KAFKA_BOOTSTRAP says: the tests need its super user."""
+    secured = start_secure_kafka(tmp_path_factory.mktemp("secure-kafka"))
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled():  # shown in every run, not only with -s
+        print(f"\nsecured Kafka broker (SASL_SSL) started in {secured.start_seconds:.1f} s", flush=True)
+    try:
+        yield secured
+    finally:
+        secured.close()
 
 
 @pytest.fixture

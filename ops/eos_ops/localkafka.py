@@ -25,6 +25,7 @@ from eos.errors import EnvironmentProblem
 from eos.paths import eos_home, ops_dir
 from eos_ops import jvm
 from eos_ops.jvm import port_is_free
+from eos_ops.kafka_security import BrokerSecurity, listener_settings, write_argument_file
 
 Progress = Callable[[str], None]
 T = TypeVar("T")
@@ -129,6 +130,7 @@ class KafkaNode:
         host: str = "127.0.0.1",
         template: str = "server.properties",
         jvm_options: tuple[str, ...] = BROKER_JVM_OPTIONS,
+        security: BrokerSecurity | None = None,
     ):
         self.node_id = node_id
         self.host = host
@@ -138,6 +140,7 @@ class KafkaNode:
         self.heap = heap
         self.template = template
         self.jvm_options = jvm_options
+        self.security = security  # None: PLAINTEXT, no authorizer (the default)
 
     @property
     def name(self) -> str:
@@ -168,21 +171,45 @@ class KafkaNode:
     def properties_file(self) -> Path:
         return self.data_dir / "server.properties"
 
+    @property
+    def format_arguments_file(self) -> Path:
+        return self.data_dir / "format.args"
+
+    def client_settings(self) -> dict[str, str]:
+        """librdkafka settings that reach this node: its bootstrap and, if secured, the super user's credentials."""
+        if self.security is None:
+            return {"bootstrap.servers": self.bootstrap}
+        return self.security.client_settings(self.bootstrap)
+
     def render_properties(self, **extra: object) -> None:
-        """Fill the template's $placeholders; `extra` supplies the ones beyond this node's own."""
+        """Fill the template's $placeholders; `extra` supplies the ones beyond this node's own. A secured
+        node's settings follow the template's."""
         template = string.Template((kafka_ops_dir() / self.template).read_text())
         own = {"node_id": self.node_id, "host": self.host, "port": self.port, "controller_port": self.controller_port}
-        self.properties_file.write_text(template.substitute(own, log_dir=self.log_dir, **extra))
+        listeners = listener_settings(self.host, self.port, self.controller_port, secure=self.security is not None)
+        text = template.substitute(own, log_dir=self.log_dir, **listeners, **extra)
+        if self.security is not None:
+            text += self.security.server_properties()
+        self.properties_file.write_text(text)
 
     def format_command(self, java: str, classpath: str, cluster_id: str, *quorum: str) -> list[str] | None:
         """The `StorageTool format` command that writes meta.properties and the bootstrap checkpoint, or
         None if this node is formatted already. `quorum` is `--standalone` for a lone broker and
         `--initial-controllers ...` for a node of a cluster. A small client-style JVM: C1 only and a
-        serial GC start faster, and formatting does little work."""
+        serial GC start faster, and formatting does little work. A secured node's storage also gets the
+        brokers' SCRAM credential (KIP-900), so the arguments go into a 0600 file that `java @file`
+        reads (`ps` would show them otherwise); forget_format_arguments() deletes it."""
         if (self.log_dir / "meta.properties").exists():
             return None
-        return [java, *TOOL_JVM_OPTIONS, "-cp", classpath, "kafka.tools.StorageTool", "format",
-                "-t", cluster_id, "-c", str(self.properties_file), *quorum]  # fmt: skip
+        arguments = [*TOOL_JVM_OPTIONS, "-cp", classpath, "kafka.tools.StorageTool", "format",
+                     "-t", cluster_id, "-c", str(self.properties_file), *quorum]  # fmt: skip
+        if self.security is None:
+            return [java, *arguments]
+        arguments += ["--add-scram", self.security.scram_argument()]
+        return [java, f"@{write_argument_file(self.format_arguments_file, arguments)}"]
+
+    def forget_format_arguments(self) -> None:
+        self.format_arguments_file.unlink(missing_ok=True)
 
     def format_failed(self, output: str) -> EnvironmentProblem:
         return EnvironmentProblem(
@@ -195,7 +222,10 @@ class KafkaNode:
         cmd = self.format_command(java, classpath, cluster_id, *quorum)
         if cmd is None:
             return
-        result = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True)
+        finally:
+            self.forget_format_arguments()
         if result.returncode != 0:
             raise self.format_failed(result.stdout + result.stderr)
 
@@ -208,8 +238,10 @@ class KafkaNode:
     def launch(self, java: str, classpath: str) -> subprocess.Popen:
         """Start the JVM in the background (rendered and formatted already); returns at once."""
         log4j = kafka_ops_dir() / "log4j2.yaml"
+        # A secured node reads its passwords from its JAAS file: the command line holds only its path.
+        jaas = [self.security.jvm_option()] if self.security is not None else []
         cmd = [
-            java, f"-Xmx{self.heap}", f"-Xms{self.heap}", *self.jvm_options,
+            java, f"-Xmx{self.heap}", f"-Xms{self.heap}", *self.jvm_options, *jaas,
             "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log4j}",
             "-cp", classpath, "kafka.Kafka", str(self.properties_file),
         ]  # fmt: skip
@@ -311,14 +343,15 @@ def _raise_if_exited(watch: Mapping[KafkaNode, subprocess.Popen], what: str) -> 
             )
 
 
-def _metadata(bootstrap: str, timeout: float, topic: str | None = None):
-    """Cluster metadata from any broker of `bootstrap`, or None if none answers in time."""
+def _metadata(settings: Mapping[str, str], timeout: float, topic: str | None = None):
+    """Cluster metadata from any broker of `settings` (bootstrap.servers and, if secured, the super
+    user's credentials), or None if none answers in time."""
     from eos_connectors.kafka.clients import admin_client
 
     # log_level 0: "connection refused" while a broker boots (or after a kill) is expected, not news.
     # socket.timeout.ms: a paused broker keeps its connections open and must not hold a request forever.
     timeout_ms = max(1000, int(timeout * 1000))
-    admin = admin_client({"bootstrap.servers": bootstrap, "log_level": 0, "socket.timeout.ms": timeout_ms})
+    admin = admin_client({**settings, "log_level": 0, "socket.timeout.ms": timeout_ms})
     try:
         metadata = admin.list_topics(topic=topic, timeout=timeout)
     except Exception:
@@ -341,10 +374,32 @@ class BrokerStatus:
     answering: bool = False
     topics: int | None = None
     details: list[str] = field(default_factory=list)
+    client_file: Path | None = None  # a secured broker's client settings (the super user's)
+
+
+def _security(data_dir: Path, secure: bool | None, formatted: bool, what: str) -> BrokerSecurity | None:
+    """The security of a data directory: fixed when it is first formatted (SASL_SSL with secure=True,
+    else PLAINTEXT) and found again from its `security` folder later; secure=None means "as it is"."""
+    security = BrokerSecurity(data_dir / "security")
+    if security.exists():
+        if secure is False:
+            raise EnvironmentProblem(
+                f"{data_dir} holds a secured {what} (SASL_SSL); it cannot be started without security.",
+                hint=f"leave the option out, or use another --data-dir (or delete {data_dir})",
+            )
+        return security
+    if secure and formatted:
+        raise EnvironmentProblem(
+            f"{data_dir} holds a {what} formatted without security (PLAINTEXT); it cannot be secured in place.",
+            hint=f"use another --data-dir for a secured one (or delete {data_dir})",
+        )
+    return security if secure else None
 
 
 class LocalBroker(KafkaNode):
-    """One local KRaft broker+controller, identified by its data directory."""
+    """One local KRaft broker+controller, identified by its data directory. secure=True: a new data
+    directory is set up for SASL_SSL (SCRAM-SHA-512 over TLS) and the StandardAuthorizer
+    (eos_ops.kafka_security); None: as the data directory was set up (PLAINTEXT if new)."""
 
     def __init__(
         self,
@@ -353,14 +408,18 @@ class LocalBroker(KafkaNode):
         heap: str = "512m",
         host: str = "127.0.0.1",
         controller_port: int | None = None,
+        secure: bool | None = None,
     ):
+        data_dir = Path(data_dir).expanduser().resolve() if data_dir else eos_home() / f"broker-{port}"
+        formatted = (data_dir / "kafka-logs" / "meta.properties").exists()
         super().__init__(
             node_id=1,
             port=port,
             controller_port=controller_port or port + 1,
-            data_dir=Path(data_dir).expanduser().resolve() if data_dir else eos_home() / f"broker-{port}",
+            data_dir=data_dir,
             heap=heap,
             host=host,
+            security=_security(data_dir, secure, formatted, "broker"),
         )
 
     @property
@@ -369,12 +428,13 @@ class LocalBroker(KafkaNode):
 
     def answers(self, timeout: float = 2.0) -> int | None:
         """Number of topics if the broker answers a metadata request, else None."""
-        metadata = _metadata(self.bootstrap, timeout)
+        metadata = _metadata(self.client_settings(), timeout)
         return None if metadata is None else len(metadata.topics)
 
     def status(self) -> BrokerStatus:
         pid = self.pid()
         status = BrokerStatus(pid is not None, self.bootstrap, pid, self.data_dir, self.log_file)
+        status.client_file = self.security.client_file if self.security is not None else None
         if pid is not None:
             status.topics = self.answers()
             status.answering = status.topics is not None
@@ -395,10 +455,16 @@ class LocalBroker(KafkaNode):
         java = find_java()
         classpath = java_classpath(progress)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.security is not None:
+            self.security.make()
+            self.security.write_client_file(self.bootstrap)
         self.render_properties()
         self.format_storage(java, classpath, kafka_uuid(), "--standalone")
         proc = self.launch(java, classpath)
-        progress(f"Starting Kafka {kafka_version()} (pid {proc.pid}, heap {self.heap}, data {self.data_dir}) ...")
+        secured = ", SASL_SSL" if self.security is not None else ""
+        progress(
+            f"Starting Kafka {kafka_version()} (pid {proc.pid}, heap {self.heap}{secured}, data {self.data_dir}) ..."
+        )
         what = "starting up"
         if _wait_until(lambda: self.answers(timeout=1), started + timeout, what, {self: proc}) is not None:
             status = self.status()
@@ -457,6 +523,7 @@ class ClusterStatus:
     brokers: set[int]  # in the metadata: registered and not fenced
     controller: int | None  # the active controller (quorum leader), None while electing or down
     details: list[str] = field(default_factory=list)
+    client_file: Path | None = None  # a secured cluster's client settings (the super user's)
 
     @property
     def running(self) -> bool:
@@ -485,8 +552,10 @@ class LocalCluster:
         data_dir: Path | str | None = None,
         heap: str = "384m",
         host: str = "127.0.0.1",
+        secure: bool | None = None,
     ):
-        """`port` None: the port an existing cluster in `data_dir` was formatted with, else 9092."""
+        """`port` None: the port an existing cluster in `data_dir` was formatted with, else 9092. `secure`
+        as for LocalBroker: every node SASL_SSL with the StandardAuthorizer, one principal for all brokers."""
         self.data_dir = (
             Path(data_dir).expanduser().resolve() if data_dir else eos_home() / f"cluster-{port or DEFAULT_PORT}"
         )
@@ -495,6 +564,7 @@ class LocalCluster:
         self.host = host
         self.port = port
         self.heap = heap
+        self.security = _security(self.data_dir, secure, self.layout_file.exists(), "cluster")
         self.nodes = {
             n: KafkaNode(
                 node_id=n,
@@ -505,6 +575,7 @@ class LocalCluster:
                 host=host,
                 template="cluster.properties",
                 jvm_options=CLUSTER_JVM_OPTIONS,
+                security=self.security,
             )
             for n in NODE_IDS
         }
@@ -519,6 +590,14 @@ class LocalCluster:
     @property
     def layout_file(self) -> Path:
         return self.data_dir / "cluster.json"
+
+    def client_settings(self, bootstrap: str | None = None) -> dict[str, str]:
+        """librdkafka settings that reach the cluster (all brokers, or `bootstrap`): with the super
+        user's credentials if it is secured."""
+        bootstrap = bootstrap or self.bootstrap
+        if self.security is None:
+            return {"bootstrap.servers": bootstrap}
+        return self.security.client_settings(bootstrap)
 
     def node(self, node_id: int) -> KafkaNode:
         if node_id not in self.nodes:
@@ -561,21 +640,29 @@ class LocalCluster:
     def _launch(self, nodes: list[KafkaNode], progress: Progress) -> None:
         """Render, format (all at once: each format is a JVM start) and launch stopped nodes."""
         java, classpath, layout = find_java(), java_classpath(progress), self._layout()
+        if self.security is not None:
+            self.security.make()
+            self.security.write_client_file(self.bootstrap)
         last = 2 * len(NODE_IDS) - 1
         controllers = ",".join(other.controller_endpoint for other in self.nodes.values())
         quorum = ("--initial-controllers", self._initial_controllers(layout))
         formats: dict[KafkaNode, subprocess.Popen] = {}
-        for node in nodes:
-            node.check_ports_free(hint=f"choose other ports: `eos kafka start --brokers 3 --port N` (uses N..N+{last})")
-            node.log_dir.mkdir(parents=True, exist_ok=True)
-            node.render_properties(controller_bootstrap=controllers)
-            cmd = node.format_command(java, classpath, layout["cluster_id"], *quorum)
-            if cmd is not None:
-                formats[node] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            for node in nodes:
+                hint = f"choose other ports: `eos kafka start --brokers 3 --port N` (uses N..N+{last})"
+                node.check_ports_free(hint=hint)
+                node.log_dir.mkdir(parents=True, exist_ok=True)
+                node.render_properties(controller_bootstrap=controllers)
+                cmd = node.format_command(java, classpath, layout["cluster_id"], *quorum)
+                if cmd is not None:
+                    formats[node] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            outputs = {node: proc.communicate()[0] for node, proc in formats.items()}
+        finally:
+            for node in nodes:
+                node.forget_format_arguments()
         for node, proc in formats.items():
-            output = proc.communicate()[0]
             if proc.returncode != 0:
-                raise node.format_failed(output)
+                raise node.format_failed(outputs[node])
         for node in nodes:
             self._procs[node.node_id] = node.launch(java, classpath)
 
@@ -632,7 +719,7 @@ class LocalCluster:
 
         from eos_connectors.kafka.clients import producer
 
-        client = producer({"bootstrap.servers": self.bootstrap, "transactional.id": READY_TRANSACTIONAL_ID})
+        client = producer({**self.client_settings(), "transactional.id": READY_TRANSACTIONAL_ID})
         while True:
             remaining = deadline - time.monotonic()
             try:
@@ -675,7 +762,8 @@ class LocalCluster:
         running = any(node.state != "stopped" for node in nodes)
         brokers = self.brokers() if running else set()
         controller = self.active_controller(timeout=0) if running else None
-        return ClusterStatus(self.data_dir, self.bootstrap, nodes, brokers, controller)
+        client_file = self.security.client_file if self.security is not None else None
+        return ClusterStatus(self.data_dir, self.bootstrap, nodes, brokers, controller, client_file=client_file)
 
     # -- one node ---------------------------------------------------------------------------
     def start_node(self, node_id: int, timeout: float = 120.0, progress: Progress = _quiet) -> float:
@@ -740,7 +828,7 @@ class LocalCluster:
     def metadata(self, timeout: float = 5.0, topic: str | None = None):
         """Cluster metadata (confluent_kafka ClusterMetadata) from a running node, or None."""
         bootstrap = self.reachable_bootstrap()
-        return _metadata(bootstrap, timeout, topic) if bootstrap else None
+        return _metadata(self.client_settings(bootstrap), timeout, topic) if bootstrap else None
 
     def _unanswered(self) -> EnvironmentProblem:
         states = ", ".join(f"node {n} {node.state()}" for n, node in self.nodes.items())

@@ -16,13 +16,15 @@ def _say(message: str) -> None:
 def _broker(args: argparse.Namespace):
     from eos_ops.localkafka import LocalBroker
 
-    return LocalBroker(port=args.port or 9092, data_dir=args.data_dir, heap=getattr(args, "heap", None) or "512m")
+    heap = getattr(args, "heap", None) or "512m"
+    return LocalBroker(port=args.port or 9092, data_dir=args.data_dir, heap=heap, secure=getattr(args, "secure", None))
 
 
 def _cluster(args: argparse.Namespace):
     from eos_ops.localkafka import LocalCluster
 
-    return LocalCluster(port=args.port, data_dir=args.data_dir, heap=getattr(args, "heap", None) or "384m")
+    heap = getattr(args, "heap", None) or "384m"
+    return LocalCluster(port=args.port, data_dir=args.data_dir, heap=heap, secure=getattr(args, "secure", None))
 
 
 def _wants_cluster(args: argparse.Namespace) -> bool:
@@ -56,8 +58,17 @@ def cmd_kafka_start(args: argparse.Namespace) -> int:
     cluster = _wants_cluster(args)
     target = _cluster(args) if cluster else _broker(args)
     status = target.start(timeout=args.timeout or (240.0 if cluster else 120.0), progress=_say)
+    if status.client_file is not None:
+        _say(_secured(status.client_file))
     print(status.bootstrap)
     return 0
+
+
+def _secured(client_file: Path) -> str:
+    return (
+        f"Secured: SASL_SSL (SCRAM-SHA-512), ACLs enforced. The super user's client settings: {client_file} "
+        f"(private; CA certificate {client_file.parent / 'ca.pem'}). Create a user and ACLs for a pipeline with them."
+    )
 
 
 def cmd_kafka_stop(args: argparse.Namespace) -> int:
@@ -75,6 +86,8 @@ def cmd_kafka_status(args: argparse.Namespace) -> int:
         return 3
     state = f"answering, {status.topics} topics" if status.answering else "NOT answering"
     print(f"running at {status.bootstrap}, pid {status.pid}, {state}; data {status.data_dir}; log {status.log_file}")
+    if status.client_file is not None:
+        print(_secured(status.client_file))
     return 0 if status.answering else 1
 
 
@@ -95,6 +108,8 @@ def _cluster_status(args: argparse.Namespace) -> int:
             f"  node {node.node_id}: {node.state}{pid}, broker {node.bootstrap}, "
             f"controller {node.controller_endpoint}; log {node.log_file}"
         )
+    if status.client_file is not None:
+        print(_secured(status.client_file))
     return 0 if status.complete else 1
 
 
@@ -148,6 +163,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     start.add_argument("--heap", default=None, help="JVM heap, e.g. 512m or 1g (512m; a cluster: 384m per node)")
     start.add_argument(
         "--timeout", type=float, default=None, help="seconds to wait for readiness (120; a cluster: 240)"
+    )
+    start.add_argument(
+        "--secure",
+        action="store_true",
+        default=None,
+        help="a new data directory gets SASL_SSL (SCRAM-SHA-512 over TLS, a CA made here) and the "
+        "StandardAuthorizer (no ACL, no access); the super user's client settings are written to "
+        "DATA_DIR/security/client.properties. An existing data directory keeps the security it was made with",
     )
     start.set_defaults(func=cmd_kafka_start)
 
