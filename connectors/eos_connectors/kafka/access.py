@@ -19,6 +19,7 @@ How each kind of ACL is asked, without writing anything:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 import sys
@@ -34,6 +35,11 @@ from eos_connectors.kafka.acls import GROUP, PREFIXED, RUN, TOPIC, TXN, Need
 from eos_connectors.kafka.clients import admin_client, kafka_error, producer
 
 log = logging.getLogger("eos.kafka.access")
+# A refused probe is an answer, not an incident: librdkafka's FATAL lines about it stay out of the
+# eos.kafka log (the CLI shows its errors), the error that names the ACL says it all.
+_quiet = logging.getLogger("eos.kafka.access.probe")
+_quiet.propagate = False
+_quiet.addHandler(logging.NullHandler())
 
 PROBE_SUFFIX = "~probe"  # never a pool number: see eos_connectors.kafka.ids
 DENIED = ("TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED",
@@ -121,8 +127,10 @@ def _topics(admin: Any, needs: list[Need], timeout_s: float) -> Findings:
                 continue
             if code != "TOPIC_AUTHORIZATION_FAILED":
                 raise
-            # No Describe: whether the topic exists is not told. What eos would create is asked.
-            found.missing += [(n, code) for n in here if n.acl.operation != "Create"]
+            # No Describe: whether the topic exists, and what else may be done, is not told. Missing
+            # are the needs that would grant Describe (Read, Write, ...); what eos would create is asked.
+            implying = [n for n in here if n.acl.operation in ("Describe", *acls.IMPLIES["Describe"])]
+            found.missing += [(n, code) for n in implying or [n for n in here if n.acl.operation != "Create"]]
             found.missing += _create(admin, name, [n for n in here if n.acl.operation == "Create"], timeout_s)
             continue
         if operations is None:  # a broker that does not tell: nothing to conclude
@@ -180,7 +188,7 @@ def _transactional(client: Mapping[str, Any], needs: list[Need], timeout_s: floa
     """init_transactions on the probe id of a prefix (or on the literal id itself)."""
     acl = needs[0].acl
     txid = acl.name + PROBE_SUFFIX if acl.pattern == PREFIXED else acl.name
-    config = {**client, "transactional.id": txid}
+    config = {**client, "transactional.id": txid, "logger": _quiet}
     if timeout_ms is not None:
         config["transaction.timeout.ms"] = timeout_ms
     instance = producer(config)
@@ -436,9 +444,15 @@ def check_pipeline(config: Any, base_dir: Any = None, probe_driver: bool = False
         for sink in sinks:
             by_cluster.setdefault(sink.entry.kafka.bootstrap, []).append(sink)
         asks += [(group[0].client, recovery_needs(group), None) for group in by_cluster.values()]
-    found = Findings()
+    # One probe per client: one admin connection, each transactional id asked once.
+    by_client: dict[str, list[Any]] = {}
     for client, needs, timeout_ms in asks:
-        result = probe(client, [n for n in needs if n.command == RUN], transaction_timeout_ms=timeout_ms)
+        known = by_client.setdefault(json.dumps(dict(client), sort_keys=True, default=str), [client, [], None])
+        known[1] += [n for n in needs if n.command == RUN]
+        known[2] = known[2] or timeout_ms
+    found = Findings()
+    for client, needs, timeout_ms in by_client.values():
+        result = probe(client, needs, transaction_timeout_ms=timeout_ms)
         found.missing += result.missing
         found.deferred += result.deferred
     return found
