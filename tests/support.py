@@ -101,16 +101,20 @@ def read_all(bootstrap: str, topic: str, isolation: str = "read_committed") -> l
     return messages
 
 
-def independent_committed_values(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[str]:
+def independent_committed_values(
+    bootstrap: str, topic: str, timeout_s: float = 60.0, settings: dict | None = None, raw: bool = False
+) -> list[Any]:
     """The committed values of `topic`, read by a second reader that shares no code with eos
     (`eos verify` included): a plain confluent-kafka group consumer, read_committed, subscribed
-    from the earliest offset until every partition reports end of partition."""
+    from the earliest offset until every partition reports end of partition. `settings`: more
+    client settings (a secured cluster's); raw: the values as bytes, not decoded."""
     import time
     import uuid
 
     from confluent_kafka import Consumer, KafkaError
 
     reader = Consumer({
+        **(settings or {}),
         "bootstrap.servers": bootstrap,
         "group.id": f"independent-{uuid.uuid4().hex}",
         "isolation.level": "read_committed",
@@ -121,7 +125,7 @@ def independent_committed_values(bootstrap: str, topic: str, timeout_s: float = 
     try:
         partitions = set(reader.list_topics(topic, timeout=10).topics[topic].partitions)
         reader.subscribe([topic])
-        values: list[str] = []
+        values: list[Any] = []
         at_end: set[int] = set()
         deadline = time.monotonic() + timeout_s
         while at_end != partitions:
@@ -134,7 +138,7 @@ def independent_committed_values(bootstrap: str, topic: str, timeout_s: float = 
                 at_end.add(message.partition())
                 continue
             at_end.discard(message.partition())
-            values.append(message.value().decode())
+            values.append(message.value() if raw else message.value().decode())
         return values
     finally:
         reader.close()

@@ -34,7 +34,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -50,6 +49,7 @@ from eos.protocol.checkpoint import Checkpoint, CheckpointMeta, is_local
 from eos.protocol.coordinator import ping
 from eos.protocol.decision import Decision, DriverInfo, Pool, decode
 from eos.protocol.sink import SinkConnector
+from eos_ops.java_client import NoJavaEquivalent, write_command_config
 
 OPEN_STATES = {"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"}
 TOOLS_CLASS = "org.apache.kafka.tools.TransactionsCommand"
@@ -315,26 +315,6 @@ def tools_classpath() -> str | None:
     return str(cache / "libs" / "*") if (cache / ".complete").exists() else None
 
 
-def _command_config(client: dict[str, Any]) -> str | None:
-    """Java admin client properties for a secured cluster (librdkafka names mapped)."""
-    props = {k: v for k, v in client.items() if k.startswith(("security.", "ssl.", "sasl."))}
-    if not props:
-        return None
-    if "sasl.mechanisms" in props:
-        props["sasl.mechanism"] = props.pop("sasl.mechanisms")
-    user, password = props.pop("sasl.username", None), props.pop("sasl.password", None)
-    if user is not None and "sasl.jaas.config" not in props:
-        plain = props.get("sasl.mechanism", "PLAIN") == "PLAIN"
-        module = "plain.PlainLoginModule" if plain else "scram.ScramLoginModule"
-        props["sasl.jaas.config"] = (
-            f'org.apache.kafka.common.security.{module} required username="{user}" password="{password}";'
-        )
-    handle, path = tempfile.mkstemp(prefix="eos-status-", suffix=".properties")
-    with os.fdopen(handle, "w") as out:
-        out.writelines(f"{k}={v}\n" for k, v in props.items())
-    return path
-
-
 def _table(text: str) -> list[dict[str, str]]:
     """TransactionsCommand prints a header row and tab-separated rows."""
     lines = [line for line in text.splitlines() if line.strip()]
@@ -349,7 +329,7 @@ def _tool(classpath: str, client: dict[str, Any], *args: str, timeout: float = 6
 
     command = [find_java(), "-Xmx256m", "-cp", classpath, TOOLS_CLASS]
     command += ["--bootstrap-server", client["bootstrap.servers"]]
-    config = _command_config(client)
+    config = write_command_config(client)  # the client's security settings, as Java's (a 0600 file)
     if config:
         command += ["--command-config", config]
     try:
@@ -363,28 +343,37 @@ def _tool(classpath: str, client: dict[str, Any], *args: str, timeout: float = 6
 
 
 def kafka_pool_ids(found: Connectors, pools: dict[str, Pool]) -> list[tuple[dict[str, Any], list[str]]]:
-    """(client, transactional ids) per Kafka cluster: every id of every recorded Kafka pool (sinks
-    no longer configured included), plus the driver's own id."""
+    """(client settings, transactional ids) for every id of every recorded Kafka pool (sinks no
+    longer configured included), each asked with the credentials of the sink it belongs to (sinks
+    may write as different principals, and Kafka lists only the ids the asker may describe), plus
+    the driver's own id with the control log's (the first source's). A pool whose sink is gone is
+    asked with the first sink's on its cluster."""
     from eos_connectors.kafka import ids
 
     kafka = [s for s in found.sinks if _is_kafka(s)]
     if not kafka:
         return []
-    clients: dict[str, dict[str, Any]] = {}
+    systems: dict[str, Any] = {}
     for sink in kafka:
         try:
-            clients.setdefault(sink.system(), sink.client)  # type: ignore[attr-defined]
+            systems.setdefault(sink.system(), sink)
         except Exception:
             continue
+    by_name = {sink.name: sink for sink in kafka}
     out: dict[str, tuple[dict[str, Any], list[str]]] = {}
+
+    def add(client: dict[str, Any], txids: list[str]) -> None:
+        out.setdefault(json.dumps(client, sort_keys=True, default=str), (client, []))[1].extend(txids)
+
     for name, pool in sorted(pools.items()):
-        if pool.kind != "kafka" or pool.system not in clients:
+        if pool.kind != "kafka" or pool.system not in systems:
             continue
+        sink = by_name.get(name) or systems[pool.system]
         prefix = pool.detail.get("prefix") or ids.default_prefix(kafka[0].pipeline.name)
-        entry = out.setdefault(pool.system, (clients[pool.system], []))
-        entry[1].extend(ids.pool_id(prefix, name, n) for n in range(pool.size))
-    first = kafka[0]
-    out.setdefault(first.system(), (first.client, []))[1].append(ids.driver_id(first.pipeline.name))  # type: ignore[attr-defined]
+        add(sink.client, [ids.pool_id(prefix, name, n) for n in range(pool.size)])
+    control = found.sources[0].control_log() if found.sources else None
+    client = getattr(control, "client", None) or kafka[0].client  # type: ignore[attr-defined]
+    add(client, [ids.driver_id(kafka[0].pipeline.name)])
     return list(out.values())
 
 
@@ -419,6 +408,9 @@ def transactions_status(found: Connectors, pools: dict[str, Pool], running: bool
                     "partitions": detail.get("TopicPartitions", ""),
                     "lingering": not running or duration_s > epoch_timeout_s,
                 })  # fmt: skip
+    except NoJavaEquivalent as exc:
+        return {"available": False, "reason": f"Kafka's TransactionsCommand cannot be run: {exc}", "ids": len(ids),
+                "open": found_open}  # fmt: skip
     except Exception as exc:  # the tool is an aid: report, do not fail the whole status
         return {"available": False, "reason": f"TransactionsCommand failed: {exc}", "ids": len(ids),
                 "open": found_open}  # fmt: skip

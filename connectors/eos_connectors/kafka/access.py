@@ -385,29 +385,16 @@ def driver_denied(control: Any, exc: BaseException) -> AccessDenied | None:
 
 
 def recovery_needs(sinks: list[Any]) -> list[Need]:
-    """What recovery asks of the first sink of a cluster: read the ledger, fence every pool."""
-    from eos_connectors.kafka import ids
-
+    """What recovery asks of the first sink of a cluster: read the ledger."""
     first = sinks[0]
     user, bootstrap = principal(first.client, sink_who(first)), first.entry.kafka.bootstrap
-    pools = [(sink_who(s), bootstrap, user, ids.pool_id(s.prefix, s.name, 0)[:-1]) for s in sinks]
-    needs = acls.recovery_needs(pools, first.pipeline.ledger, ids.driver_id(first.pipeline.name))
+    needs = acls.recovery_needs([(sink_who(first), bootstrap, user)], first.pipeline.ledger)
     return [n for n in needs if n.command == RUN]
 
 
 def check_ledger_read(sinks: list[Any]) -> None:
-    """KafkaSink.read_ledger: the first sink of a cluster reads the ledger."""
-    first = sinks[0]
-    require(first.client, [n for n in recovery_needs(sinks) if n.acl.resource != TXN])
-
-
-def fence_denied(sinks: list[Any], exc: BaseException) -> AccessDenied | None:
-    """KafkaSink.fence was refused: which pools may the first sink not fence?"""
-    if not denied(exc):
-        return None
-    needs = [n for n in recovery_needs(sinks) if n.acl.resource == TXN]
-    found = probe(sinks[0].client, needs)
-    return explain(found.missing or [(n, kafka_error(exc).name()) for n in needs], when="before it wrote any record")
+    """KafkaSink.read_ledger failed: for want of an ACL of the first sink of the cluster? Then say which."""
+    require(sinks[0].client, recovery_needs(sinks))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ command needs it: `run` (eos run, with its lag watch), `status` (eos status, rea
   `eos/<pipeline>/~driver`);
 - a sink's client produces into its topic and, exactly-once, into the ledger topic in the
   transactions of its pool of transactional ids (`<prefix>/<sink>/<n>`: granted by prefix, the pool
-  grows); recovery reads the ledger (and fences the pools) through the first Kafka sink of each
-  cluster; `eos status` reads the ledger through every sink's client.
+  grows), which recovery fences with the same client; recovery reads the ledger through the first
+  Kafka sink of each cluster, `eos status` through every sink's client.
 
 A topic eos creates needs Create only while it does not exist (a first start); Kafka 3.0+ needs
 no IdempotentWrite for an idempotent producer that may Write a topic (KIP-679), and asks no ACL
@@ -151,6 +151,11 @@ WHY_UNUSED = (
     "clients.consumer), though eos's readers never join or commit: without it every read fails "
     "with GROUP_AUTHORIZATION_FAILED. It grants nothing: no one commits to that group"
 )
+WHY_FENCE = "recovery fences every id of the pool with its own sink's client (KafkaSink.fence)"
+WHY_LISTED = (
+    "status lists the open transactions of its ids (Kafka's TransactionsCommand, eos_ops.status); without it "
+    "they are not listed"
+)
 WHY_LAG_GROUP = (
     "each committed epoch's end offsets are committed to the source's group for lag monitors (group_offsets); "
     "monitoring only: without it eos logs a warning and monitors see no progress"
@@ -202,7 +207,10 @@ def sink_needs(
     out += [
         need(TXN, pool_prefix, "Write", RUN, "each slot's transactional producer (init_transactions, its "
              "transactions); the pool grows with the slots, hence a prefix", pattern=PREFIXED),
-        need(TXN, pool_prefix, "Write", RESET, "reset fences every id of the pool (ledger.fence)", pattern=PREFIXED),
+        need(TXN, pool_prefix, "Write", RUN, WHY_FENCE, pattern=PREFIXED),
+        need(TXN, pool_prefix, "Write", RESET, WHY_FENCE, pattern=PREFIXED),
+        need(TXN, pool_prefix, "Write", STATUS, WHY_FENCE, pattern=PREFIXED, only_if="eos status --fence"),
+        need(TXN, pool_prefix, "Describe", STATUS, WHY_LISTED, pattern=PREFIXED, optional=True),
         need(TOPIC, ledger, "Write", RUN, "each slot writes its ledger entry in its transaction"),
         need(TOPIC, ledger, "DescribeConfigs", RUN, "set_up checks that the ledger topic is compacted "
              "(ledger.ensure_ledger_topic)"),
@@ -238,6 +246,7 @@ def control_needs(bootstrap: str, principal: str, topic: str, driver_id: str) ->
         ]  # fmt: skip
     out += [
         need(TOPIC, topic, "Read", STATUS, "status reads the driver, decision and pools"),
+        need(TXN, driver_id, "Describe", STATUS, WHY_LISTED, optional=True),
         need(GROUP, UNUSED_GROUP, "Describe", RUN, WHY_UNUSED),
         need(TOPIC, topic, "Delete", RESET, "reset deletes the control topic (control.reset)"),
     ]
@@ -260,7 +269,7 @@ def pipeline_needs(config: Any, principals: Mapping[str, str] | None = None) -> 
     ledger = config.ledger_topic
     exactly_once = config.exactly_once
     needs: list[Need] = []
-    sinks: list[tuple[str, str, str, str]] = []  # (who, bootstrap, principal, pool prefix) in recovery's order
+    sinks: list[tuple[str, str, str]] = []  # (who, bootstrap, principal) in recovery's order
 
     def principal(client: Mapping[str, Any], who: str) -> str:
         try:
@@ -280,7 +289,7 @@ def pipeline_needs(config: Any, principals: Mapping[str, str] | None = None) -> 
         prefix = ids.pool_id(entry.transactional_id_prefix or ids.default_prefix(config.name), entry.name, 0)[:-1]
         user = principal(kafka.client(), who)
         needs += sink_needs(who, kafka.bootstrap, user, kafka.topic, kafka.create_topic, prefix, ledger, exactly_once)
-        sinks.append((who, kafka.bootstrap, user, prefix))
+        sinks.append((who, kafka.bootstrap, user))
     for index, entry in enumerate(config.sources):
         if not isinstance(entry, KafkaSourceEntry):
             continue
@@ -296,45 +305,30 @@ def pipeline_needs(config: Any, principals: Mapping[str, str] | None = None) -> 
             prefix = ids.pool_id(ids.default_prefix(config.name), dlq, 0)[:-1]
             who = f"dead-letter queue {dlq}"
             needs += sink_needs(who, kafka.bootstrap, user, entry.dlq_topic, True, prefix, ledger, exactly_once)
-            sinks.append((who, kafka.bootstrap, user, prefix))
+            sinks.append((who, kafka.bootstrap, user))
     if exactly_once:
-        needs += recovery_needs(sinks, ledger, ids.driver_id(config.name))
+        needs += recovery_needs(sinks, ledger)
     return needs
 
 
-def recovery_needs(sinks: list[tuple[str, str, str, str]], ledger: str, driver_id: str) -> list[Need]:
-    """Recovery (eos.protocol.recovery) fences every pool of a cluster and reads its ledger
-    through the cluster's first Kafka sink (KafkaSink.fence, KafkaSink.read_ledger), as do reset and
-    `status --fence`; reset deletes the ledger through each sink in turn, and the first that may
-    wins (KafkaSink.forget); status lists the pools' transactions, and the driver's, through it too
-    (eos_ops.status.transactions_status)."""
+def recovery_needs(sinks: list[tuple[str, str, str]], ledger: str) -> list[Need]:
+    """Recovery (eos.protocol.recovery) reads the ledger of a cluster through its first Kafka sink
+    (KafkaSink.read_ledger), and reset deletes the ledger through each sink in turn: the first that
+    may wins (KafkaSink.forget). (Each pool is fenced with its own sink's client: sink_needs.)"""
     out: list[Need] = []
     first: dict[str, tuple[str, str]] = {}
-    for who, bootstrap, principal, _ in sinks:
+    for who, bootstrap, principal in sinks:
         first.setdefault(bootstrap, (who, principal))
     for bootstrap, (who, principal) in first.items():
 
-        def need(resource: str, name: str, op: str, command: str, why: str, pattern: str = LITERAL, **kw: Any) -> Need:
-            return Need(Acl(bootstrap, principal, resource, name, pattern, op), command, why, who, **kw)  # noqa: B023
+        def need(op: str, resource: str, name: str, command: str, why: str) -> Need:
+            return Need(Acl(bootstrap, principal, resource, name, LITERAL, op), command, why, who)  # noqa: B023
 
-        listed = "status lists its open transactions (Kafka's TransactionsCommand, through the cluster's first Kafka "
-        listed += "sink); without it they are not listed"
         out += [
-            need(TOPIC, ledger, "Read", RUN, "recovery reads the ledger through the cluster's first Kafka sink"),
-            need(GROUP, UNUSED_GROUP, "Describe", RUN, WHY_UNUSED),
-            need(TOPIC, ledger, "Delete", RESET, "reset deletes the ledger topic (KafkaSink.forget)"),
-            need(TXN, driver_id, "Describe", STATUS, listed, optional=True),
+            need("Read", TOPIC, ledger, RUN, "recovery reads the ledger through the cluster's first Kafka sink"),
+            need("Describe", GROUP, UNUSED_GROUP, RUN, WHY_UNUSED),
+            need("Delete", TOPIC, ledger, RESET, "reset deletes the ledger topic (KafkaSink.forget)"),
         ]
-        for other_who, other_bootstrap, _, prefix in sinks:
-            if other_bootstrap != bootstrap:
-                continue
-            why = f"recovery fences the pool of {other_who} through the cluster's first Kafka sink (KafkaSink.fence)"
-            out += [
-                need(TXN, prefix, "Write", RUN, why, PREFIXED),
-                need(TXN, prefix, "Write", RESET, why, PREFIXED),
-                need(TXN, prefix, "Write", STATUS, why, PREFIXED, only_if="eos status --fence"),
-                need(TXN, prefix, "Describe", STATUS, listed, PREFIXED, optional=True),
-            ]
     return out
 
 

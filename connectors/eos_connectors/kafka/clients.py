@@ -28,8 +28,67 @@ ClientConfig = Mapping[str, Any]
 CLIENT_DEFAULTS: dict[str, Any] = {"reconnect.backoff.max.ms": 1000}
 
 
-def _with_defaults(config: ClientConfig, **defaults: Any) -> dict[str, Any]:
-    merged = {**CLIENT_DEFAULTS, **defaults, **dict(config)}
+# Which settings a client takes from a pipeline entry's `config:`: all of them, except those that
+# belong to the other client type. Every client eos builds from an entry (the sinks' producers and the
+# source's consumers, but also the control log's and the dead-letter queue's producers on a source's
+# cluster, recovery's fencing, the ledger's readers, lag and progress for monitors, `eos status` and
+# `eos reset`) goes through admin_client / producer / consumer below, which apply this rule: so each
+# one carries the entry's security settings (`security.protocol`, `ssl.*` including
+# `enable.ssl.certificate.verification`, `sasl.*` including `sasl.oauthbearer.*`), its `client.id`,
+# timeouts and everything else librdkafka applies to any client. Not a list of "connection settings"
+# that a new security setting could fall out of: the exceptions are the closed lists of librdkafka's
+# consumer-only and producer-only properties (scope C and P in librdkafka's CONFIGURATION.md, v2.15,
+# and confluent-kafka's Python names for their callbacks, on_commit and on_delivery).
+# librdkafka ignores them on the other client type with a warning, and some would change what eos
+# relies on if they were applied there (a source's `isolation.level` on the ledger's reader is
+# overridden anyway; a sink's `transactional.id` or `acks` must never reach an admin client).
+CONSUMER_ONLY = frozenset({
+    "auto.commit.enable", "auto.commit.interval.ms", "auto.offset.reset", "check.crcs", "consume.callback.max.messages",
+    "consume_cb", "coordinator.query.interval.ms", "enable.auto.commit", "enable.auto.offset.store",
+    "enable.partition.eof", "fetch.error.backoff.ms", "fetch.max.bytes", "fetch.message.max.bytes", "fetch.min.bytes",
+    "fetch.queue.backoff.ms", "fetch.wait.max.ms", "group.id", "group.instance.id", "group.protocol",
+    "group.protocol.type", "group.remote.assignor", "heartbeat.interval.ms", "isolation.level",
+    "max.partition.fetch.bytes", "max.poll.interval.ms", "max.poll.records", "offset.store.method",
+    "offset.store.path", "offset.store.sync.interval.ms", "offset_commit_cb", "on_commit",
+    "partition.assignment.strategy", "queued.max.messages.kbytes", "queued.min.messages", "rebalance_cb",
+    "session.timeout.ms", "share.acknowledgement.mode",
+})  # fmt: skip
+PRODUCER_ONLY = frozenset({
+    "acks", "batch.num.messages", "batch.size", "compression.codec", "compression.level", "compression.type",
+    "delivery.report.only.error", "delivery.timeout.ms", "dr_cb", "dr_msg_cb", "enable.gapless.guarantee",
+    "enable.idempotence", "linger.ms", "message.send.max.retries", "message.timeout.ms", "msg_order_cmp",
+    "on_delivery", "partitioner", "partitioner_cb", "produce.offset.report", "queue.buffering.backpressure.threshold",
+    "queue.buffering.max.kbytes", "queue.buffering.max.messages", "queue.buffering.max.ms", "queuing.strategy",
+    "request.required.acks", "request.timeout.ms", "retries", "sticky.partitioning.linger.ms",
+    "transaction.timeout.ms", "transactional.id",
+})  # fmt: skip
+_NOT_FOR = {"admin": CONSUMER_ONLY | PRODUCER_ONLY, "producer": CONSUMER_ONLY, "consumer": PRODUCER_ONLY}
+
+
+def settings_for(role: str, config: ClientConfig) -> dict[str, Any]:
+    """The settings of `config` (an entry's client settings) that a client of `role` ("admin",
+    "producer", "consumer") takes: every one except those of the other client type."""
+    dropped = _NOT_FOR[role]
+    return {key: value for key, value in config.items() if key not in dropped}
+
+
+def principal(config: ClientConfig) -> str:
+    """Who a client authenticates as, for messages (never a secret): the SASL user, the mechanism,
+    the client certificate, or no one."""
+    protocol = str(config.get("security.protocol", "plaintext")).upper()
+    mechanism = str(config.get("sasl.mechanism") or config.get("sasl.mechanisms") or "GSSAPI").upper()
+    if protocol.startswith("SASL"):
+        user = config.get("sasl.username")
+        if user:
+            return f"User:{user} ({mechanism})"
+        return f"the {mechanism} principal" + (f" of client {config['client.id']}" if "client.id" in config else "")
+    if protocol == "SSL" and (config.get("ssl.certificate.location") or config.get("ssl.certificate.pem")):
+        return f"the TLS client certificate {config.get('ssl.certificate.location', '(inline PEM)')}"
+    return f"ANONYMOUS ({protocol}, no SASL user)"
+
+
+def _with_defaults(role: str, config: ClientConfig, **defaults: Any) -> dict[str, Any]:
+    merged = {**CLIENT_DEFAULTS, **defaults, **settings_for(role, config)}
     merged.setdefault("logger", log)
     return merged
 
@@ -37,7 +96,7 @@ def _with_defaults(config: ClientConfig, **defaults: Any) -> dict[str, Any]:
 def admin_client(config: ClientConfig):
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient(_with_defaults(config))
+    return AdminClient(_with_defaults("admin", config))
 
 
 def producer(config: ClientConfig, **defaults: Any):
@@ -48,7 +107,7 @@ def producer(config: ClientConfig, **defaults: Any):
 
 def producer_config(config: ClientConfig, **defaults: Any) -> dict[str, Any]:
     # murmur2 keeps key -> partition identical to the Java clients (librdkafka's default is crc32).
-    merged = _with_defaults(config, partitioner="murmur2_random", **defaults)
+    merged = _with_defaults("producer", config, partitioner="murmur2_random", **defaults)
     if "transactional.id" in merged:
         # With sparse connections (librdkafka's default) the transaction coordinator's broker is
         # connected only once init_transactions asks for it, and the PID request, finding it not
@@ -78,13 +137,7 @@ def consumer(config: ClientConfig, **defaults: Any):
     from confluent_kafka import Consumer
 
     base = {"group.id": "eos-unused", "enable.auto.commit": False, "enable.auto.offset.store": False}
-    return Consumer(_with_defaults(config, **{**base, **defaults}))
-
-
-def only_connection_settings(config: ClientConfig) -> dict[str, Any]:
-    """The settings that say how to reach and authenticate to a cluster (bootstrap, SASL, SSL)."""
-    prefixes = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.dns", "socket.", "broker.address")
-    return {k: v for k, v in config.items() if k.startswith(prefixes)}
+    return Consumer(_with_defaults("consumer", config, **{**base, **defaults}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,6 +350,20 @@ def requires_abort(exc: BaseException) -> bool:
 def is_fatal(exc: BaseException) -> bool:
     error = kafka_error(exc)
     return bool(error and error.fatal())
+
+
+def is_refused(exc: BaseException) -> bool:
+    """The cluster's authorizer refused the principal (no ACL allows it)."""
+    from confluent_kafka import KafkaError
+
+    error = kafka_error(exc)
+    refused = (
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+    )
+    return bool(error and error.code() in refused)
 
 
 def is_fenced(exc: BaseException) -> bool:

@@ -15,6 +15,7 @@ replicas than the cluster allows is reported.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -31,6 +32,7 @@ from eos_connectors.kafka.clients import (
     create_topic,
     describe_topics,
     end_offsets,
+    is_refused,
     producer,
     topic_settings,
 )
@@ -113,21 +115,37 @@ def _described(admin: Any, topic: str) -> TopicInfo | None:
 def fence(client: dict[str, Any], transactional_ids: Iterable[str], timeout_s: float = 60.0) -> float:
     """init_transactions on every id: bumps its producer epoch (fencing zombies) and aborts any
     transaction it left open. Returns the seconds it took."""
-    ids = list(transactional_ids)
     started = time.monotonic()
+    refused = fence_each([(client, txid) for txid in transactional_ids], timeout_s)
+    if refused:
+        raise refused[0][1]
+    return time.monotonic() - started
 
-    def one(txid: str) -> None:
+
+def fence_each(work: Iterable[tuple[dict[str, Any], str]], timeout_s: float = 60.0) -> list[tuple[str, Exception]]:
+    """fence() for (client settings, transactional id) pairs, all at once: ids of sinks that write as
+    different principals. Returns the ids the cluster's authorizer refused to that principal, with the
+    error; any other failure is raised."""
+    pairs = list(work)
+
+    def one(pair: tuple[dict[str, Any], str]) -> tuple[str, Exception] | None:
+        client, txid = pair
         instance = producer({**client, "transactional.id": txid})
         try:
             instance.init_transactions(timeout_s)
+        except Exception as exc:
+            if is_refused(exc):
+                return txid, exc
+            raise
         finally:
-            instance.close(5)
+            with contextlib.suppress(Exception):  # a refused producer is in a fatal state: close() raises it again
+                instance.close(5)
+        return None
 
-    if ids:
-        with ThreadPoolExecutor(max_workers=min(16, len(ids))) as pool:
-            for _ in pool.map(one, ids):
-                pass
-    return time.monotonic() - started
+    if not pairs:
+        return []
+    with ThreadPoolExecutor(max_workers=min(16, len(pairs))) as pool:
+        return [outcome for outcome in pool.map(one, pairs) if outcome is not None]
 
 
 def wait_until_stable(client: dict[str, Any], topic: str, wait_s: float, admin: Any = None) -> dict[int, int]:

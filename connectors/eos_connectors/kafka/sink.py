@@ -26,6 +26,8 @@ it must never lose: every delivery error fails the task (and Spark retries it).
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from eos.api import (
     ConfigError,
     Decision,
+    EnvironmentProblem,
     Ledger,
     LedgerEntry,
     PipelineInfo,
@@ -63,6 +66,7 @@ from eos_connectors.kafka.clients import (
     is_indefinite,
     is_retriable,
     kafka_error,
+    principal,
     producer,
     reachable,
 )
@@ -70,6 +74,8 @@ from eos_connectors.kafka.config import KafkaSinkEntry
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+log = logging.getLogger("eos.sink")
 
 # Batching for the sink's producers (the raw-loop benchmark baseline uses the same): large
 # batches, a short linger, lz4. A sink's own `config:` overrides any of them.
@@ -201,18 +207,55 @@ class KafkaSink(SinkConnector):
 
     @classmethod
     def fence(cls, sinks: list[SinkConnector], pools: dict[str, Pool], timeout_s: float) -> int:
-        """Every id of every pool recorded on this cluster, through the first sink's connection
-        (a sink renamed or removed since is fenced too: its ids may hold open transactions)."""
-        client = sinks[0].client  # type: ignore[attr-defined]
-        txids = [ids.pool_id(p.detail["prefix"], name, n) for name, p in pools.items() for n in range(p.size)]
-        try:
-            ledger.fence(client, txids, timeout_s)
-        except Exception as exc:
-            refused = access.fence_denied(sinks, exc)
-            if refused is not None:
-                raise refused from None
-            raise
-        return len(txids)
+        """Every id of every pool recorded on this cluster, each pool with the credentials of the sink it
+        belongs to: sinks may write as different principals, each allowed only its own transactional
+        ids. A pool that its own credentials cannot fence (its sink renamed or removed since, or its
+        prefix changed: its ids may still hold open transactions) is fenced with the credentials of the
+        first other sink of the cluster the authorizer lets use them; if none may, a clear error names
+        the pool and every principal tried."""
+        kafka = [sink for sink in sinks if isinstance(sink, KafkaSink)]
+        tried: dict[str, list[str]] = {name: [] for name in pools}
+        left = {name: cls._candidates(name, kafka) for name in pools}
+        todo = {name: [ids.pool_id(p.detail["prefix"], name, n) for n in range(p.size)] for name, p in pools.items()}
+        while any(todo.values()):
+            work, owner = [], {}
+            for name, txids in todo.items():
+                if not txids:
+                    continue
+                if not left[name]:
+                    raise cls._unfenceable(name, pools[name], tried[name])
+                sink = left[name].pop(0)
+                if tried[name]:
+                    log.warning("sink %s: %s may not use its transactional ids; trying %s (sink %s)",
+                                name, tried[name][-1], principal(sink.client), sink.name)  # fmt: skip
+                tried[name].append(f"{principal(sink.client)} (sink {sink.name})")
+                work += [(sink.client, txid) for txid in txids]
+                owner.update((txid, name) for txid in txids)
+            refused = ledger.fence_each(work, timeout_s)
+            todo = {name: [] for name in pools}
+            for txid, _ in refused:
+                todo[owner[txid]].append(txid)
+        return sum(pool.size for pool in pools.values())
+
+    @staticmethod
+    def _candidates(name: str, sinks: list[KafkaSink]) -> list[KafkaSink]:
+        """The pool's own sink first (if still configured), then every other sink with other settings."""
+        ordered = sorted(sinks, key=lambda sink: sink.name != name)
+        unique: dict[str, KafkaSink] = {}
+        for sink in ordered:
+            unique.setdefault(json.dumps(sink.client, sort_keys=True, default=str), sink)
+        return list(unique.values())
+
+    @staticmethod
+    def _unfenceable(name: str, pool: Pool, tried: list[str]) -> EnvironmentProblem:
+        prefix = pool.detail["prefix"]
+        return EnvironmentProblem(
+            f"recovery cannot fence the {pool.size} transactional ids of sink {name} ({prefix}/{name}/0..) on "
+            f"{pool.system}: the cluster refused them to every principal tried: {'; '.join(tried)}. Left unfenced, "
+            "a transaction they hold open could still commit after the ledger is read, or hold the ledger back.",
+            hint=f"allow one of those principals WRITE and DESCRIBE on the transactional ids prefixed {prefix}/{name}/ "
+            "(kafka-acls --resource-pattern-type prefixed), or configure that sink again with its own credentials",
+        )
 
     @classmethod
     def read_ledger(cls, sinks: list[SinkConnector]) -> Ledger:

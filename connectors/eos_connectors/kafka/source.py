@@ -37,7 +37,6 @@ from eos_connectors.kafka.clients import (
     consumer,
     describe_topics,
     end_offsets,
-    only_connection_settings,
     reachable,
     start_offsets,
 )
@@ -229,7 +228,9 @@ class KafkaSource(SourceConnector):
                 topic=self.entry.dlq_topic,
                 partitions=1,
                 create_topic=True,
-                config=only_connection_settings(self.entry.kafka.config),
+                # The source's whole client settings: the DLQ is a producer on the source's cluster, and
+                # the producer takes every setting that applies to it (clients.settings_for).
+                config=dict(self.entry.kafka.config),
             ),
             key="key",
             value="value",
@@ -240,7 +241,7 @@ class KafkaSource(SourceConnector):
 
     def control_log(self) -> ControlLog:
         return KafkaControlLog(
-            only_connection_settings(self.client), f"{self.pipeline.ledger}.control", self.pipeline.name,
+            self.client, f"{self.pipeline.ledger}.control", self.pipeline.name,
             timeout_s=max(60.0, self.pipeline.epoch_timeout_s),
         )  # fmt: skip
 
