@@ -389,3 +389,22 @@ def test_the_transaction_timeout_check_without_cluster_describe_configs(
         kafka_security.delete_acls(secure_kafka.admin, [describe_configs])
     finally:
         kafka_security.delete_acls(secure_kafka.admin, granted)
+
+
+def test_an_idempotent_producer_needs_write_on_its_topic_and_no_idempotent_write(secure_kafka, unique_name):
+    """At-least-once sinks produce with an idempotent producer: Write on the topic is all `eos acls`
+    lists for them (no IdempotentWrite on the cluster, KIP-679)."""
+    topic = unique_name("idem")
+    assert create_topic(secure_kafka.admin, topic, 1)
+    user = unique_name("u")
+    settings = secure_kafka.settings(user)
+    write = kafka_security.Acl(f"User:{user}", "TOPIC", topic, "WRITE")
+    kafka_security.create_acls(secure_kafka.admin, [write])
+    try:
+        delivered: list[Any] = []
+        out = producer({**settings, "enable.idempotence": True})
+        out.produce(topic, b"once", on_delivery=lambda error, _: delivered.append(error))
+        assert out.flush(30) == 0 and delivered == [None], delivered
+    finally:
+        kafka_security.delete_acls(secure_kafka.admin, [write])
+    assert [r.value() for r in committed(secure_kafka, topic)] == [b"once"]

@@ -24,6 +24,7 @@ import logging
 import re
 import sys
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from typing import Any
 from eos.api import ConfigError, EnvironmentProblem
 from eos_connectors.kafka import acls
 from eos_connectors.kafka.acls import GROUP, PREFIXED, RUN, TOPIC, TXN, Need
-from eos_connectors.kafka.clients import admin_client, kafka_error, producer
+from eos_connectors.kafka.clients import admin_client, is_refused, kafka_error, producer
 
 log = logging.getLogger("eos.kafka.access")
 # A refused probe is an answer, not an incident: librdkafka's FATAL lines about it stay out of the
@@ -42,19 +43,11 @@ _quiet.propagate = False
 _quiet.addHandler(logging.NullHandler())
 
 PROBE_SUFFIX = "~probe"  # never a pool number: see eos_connectors.kafka.ids
-DENIED = ("TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED",
-          "TRANSACTIONAL_ID_AUTHORIZATION_FAILED")  # fmt: skip
 TRANSIENT = ("NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE", "COORDINATOR_LOAD_IN_PROGRESS")
 
 
 class AccessDenied(EnvironmentProblem):
     """A principal lacks an ACL eos needs: names the ACL, the principal, and the fix."""
-
-
-def denied(exc: BaseException) -> bool:
-    """An authorization error from Kafka (topic, group, cluster or transactional id)."""
-    error = kafka_error(exc)
-    return error is not None and error.name() in DENIED
 
 
 def principal(client: Mapping[str, Any], who: str) -> str:
@@ -152,7 +145,7 @@ def _create(admin: Any, topic: str, needs: list[Need], timeout_s: float) -> list
     try:
         admin.create_topics([NewTopic(topic, 1, -1)], validate_only=True, request_timeout=timeout_s)[topic].result()
     except KafkaException as exc:
-        if denied(exc):
+        if is_refused(exc):
             return [(n, str(kafka_error(exc).name())) for n in needs]
     return []
 
@@ -175,7 +168,7 @@ def _groups(admin: Any, needs: list[Need], timeout_s: float) -> Findings:
                 break
             except KafkaException as exc:
                 error = kafka_error(exc)
-                if denied(exc):
+                if is_refused(exc):
                     found.missing += [(n, error.name()) for n in here]
                     break
                 if error is None or error.name() not in TRANSIENT or attempt == 4:
@@ -196,7 +189,7 @@ def _transactional(client: Mapping[str, Any], needs: list[Need], timeout_s: floa
         instance.init_transactions(timeout_s)
     except Exception as exc:
         error = kafka_error(exc)
-        if denied(exc):
+        if is_refused(exc):
             return Findings(missing=[(need, error.name()) for need in needs])
         if error is not None and error.name() == "INVALID_TRANSACTION_TIMEOUT":
             raise TimeoutRefused(timeout_ms) from None
@@ -270,8 +263,6 @@ def defer(needs: Iterable[Need]) -> None:
 
 def check_created(client: Mapping[str, Any], who: str, topic: str, admin: Any = None, wait_s: float = 10.0) -> None:
     """The needs deferred for `topic` (it did not exist at the check), now that eos created it."""
-    import time
-
     key = (str(client.get("bootstrap.servers")), principal(client, who), topic)
     with _deferred_lock:
         needs = _deferred.pop(key, [])
@@ -352,7 +343,7 @@ def transaction_limit(sink: Any, limit: Any) -> str | None:
     try:
         return limit.result()
     except Exception as exc:
-        if not denied(exc):
+        if not is_refused(exc):
             raise
     user = principal(sink.client, sink_who(sink))
     print(f"eos: {sink_who(sink)}: {user} may not read the brokers' transaction.max.timeout.ms (no DescribeConfigs "
@@ -375,7 +366,7 @@ def check_control(control: Any) -> None:
 
 def driver_denied(control: Any, exc: BaseException) -> AccessDenied | None:
     """The take-over's init_transactions on the driver's id was refused for want of an ACL."""
-    if not denied(exc):
+    if not is_refused(exc):
         return None
     needs = acls.control_needs(
         str(control.client.get("bootstrap.servers")), principal(control.client, "control log"), control.topic,

@@ -187,7 +187,7 @@ def describe_topics(admin, topics: Iterable[str], timeout: float = 10.0) -> dict
         except KafkaException as exc:
             if _names_unknown_topic(exc):
                 raise UnknownTopic(name) from None
-            if _names_denied_topic(exc):
+            if is_refused(exc):
                 raise NotAuthorized(str(exc)) from None
             raise BrokerUnreachable(str(exc)) from exc
         partitions = sorted(p.id for p in description.partitions)
@@ -249,13 +249,6 @@ def _names_unknown_topic(exc: BaseException) -> bool:
     error = exc.args[0] if exc.args else None
     unknown = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
     return isinstance(error, KafkaError) and error.code() in unknown
-
-
-def _names_denied_topic(exc: BaseException) -> bool:
-    from confluent_kafka import KafkaError
-
-    error = exc.args[0] if exc.args else None
-    return isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
 
 
 def create_topic(
