@@ -34,11 +34,11 @@ from eos_connectors.kafka.clients import admin_client, consumer, create_topic, p
 from eos_connectors.kafka.sink import KafkaSink
 from eos_connectors.kafka.source import KafkaSource
 from eos_ops import kafka_security
-from tests.pipelines import assert_exactly_once, eos_subprocess
+from tests.pipelines import assert_exactly_once, eos_subprocess, run_in_process
 from tests.support_secure import SecureKafka
 
 EVENT = {"type": "record", "name": "Event", "namespace": "eos.test", "fields": [{"name": "id", "type": "long"}]}
-GOOD, BAD = 300, 10
+GOOD, BAD = 150, 6  # two epochs of at most 80 offsets: the kill is in the second
 RESOURCES = {"topic": "TOPIC", "group": "GROUP", "transactional-id": "TRANSACTIONAL_ID", "cluster": "CLUSTER"}
 
 
@@ -89,7 +89,7 @@ def make_pipeline(secure: SecureKafka, folder: Path, unique_name, monkeypatch, u
         "epochs": {"trigger": "available-now", "slots": 2, "timeout": "60s"},
         "sources": [{
             "name": "events",
-            "kafka": {"bootstrap": secure.bootstrap, "topics": [source], "max_records_per_epoch": 100,
+            "kafka": {"bootstrap": secure.bootstrap, "topics": [source], "max_records_per_epoch": 80,
                       "config": config[source_user]},
             "key_format": "string",
             "value_format": {"type": "json", "schema": "event.avsc"},
@@ -179,7 +179,7 @@ def topics(secure: SecureKafka) -> set[str]:
 
 
 def test_granted_exactly_the_computed_acls_a_pipeline_survives_kill_9_exactly_once(
-    secure_kafka, tmp_path, unique_name, monkeypatch, capsys
+    secure_kafka, spark, tmp_path, unique_name, monkeypatch, capsys
 ):
     secured = make_pipeline(secure_kafka, tmp_path, unique_name, monkeypatch)
     good, bad = produce_input(secure_kafka, secured.source)
@@ -189,9 +189,11 @@ def test_granted_exactly_the_computed_acls_a_pipeline_survives_kill_9_exactly_on
     try:
         crashed = eos_subprocess("run", str(secured.path), "--failpoint", "sink.after_precommit=kill@epoch=1")
         assert crashed.killed, crashed.output[-3000:]
-        resumed = eos_subprocess("run", str(secured.path))
-        assert resumed.returncode == 0, resumed.output[-3000:]
-        assert "epoch 1 was logged but not marked committed" in resumed.output
+        checkpoint = secured.path.parent / f"{secured.name}-ck"
+        assert (checkpoint / "offsets" / "1").exists() and not (checkpoint / "commits" / "1").exists()
+        # Recovery on the session's SparkSession (a second Spark start would only cost time).
+        resumed = run_in_process(spark, secured.path)
+        assert resumed.stopped_by == "finished" and resumed.epochs_committed == 1, resumed  # the replayed epoch 1
 
         assert_exactly_once(good, Counter(r.value().decode() for r in committed(secure_kafka, secured.sink)))
         assert_exactly_once(bad, Counter(r.key().decode() for r in committed(secure_kafka, secured.dlq)))
@@ -207,8 +209,7 @@ def test_granted_exactly_the_computed_acls_a_pipeline_survives_kill_9_exactly_on
         assert all("error" not in row for row in status["lingering"]), status["lingering"]
         assert status["lag"]["error"] is None and sum(r["lag"] for r in status["lag"]["rows"]) == 0
 
-        reset = eos_subprocess("reset", str(secured.path), "--yes")
-        assert reset.returncode == 0, reset.output[-3000:]
+        assert main(["reset", str(secured.path), "--yes"]) == 0, capsys.readouterr().err
         assert not {secured.ledger, f"{secured.ledger}.control"} & topics(secure_kafka)
     finally:
         kafka_security.delete_acls(secure_kafka.admin, granted)
@@ -267,6 +268,18 @@ def test_each_acl_eos_run_needs_removed_is_named_before_anything_is_written(
                 finally:
                     kafka_security.create_acls(secure_kafka.admin, [acl])
         assert not problems, "\n".join(problems)
+        # The same, from the command line: `eos acls --check` (it does not fence the driver's id).
+        assert main(["acls", str(existing.path), "--check"]) == 0, capsys.readouterr().err
+        lag_group = kafka_security.Acl(f"User:{existing.source_user}", "GROUP", f"eos-{existing.name}.events", "READ")
+        read = kafka_security.Acl(f"User:{existing.source_user}", "TOPIC", existing.source, "READ")
+        kafka_security.delete_acls(secure_kafka.admin, [lag_group, read])
+        try:
+            assert main(["acls", str(existing.path), "--check"]) == 1
+            said = capsys.readouterr().err
+            assert f"{read.principal} may not Read on topic {existing.source}" in said
+            assert f"--operation Read --group eos-{existing.name}.events" in said  # optional, but missing
+        finally:
+            kafka_security.create_acls(secure_kafka.admin, [lag_group, read])
         required = {key(e) for e in entries["existing"] if e["resource_type"] != "cluster" and not e["only_if"]}
         required |= {key(e) for e in entries["fresh"] if e["only_if"]}
         assert {c[:5] for c in checked} == required

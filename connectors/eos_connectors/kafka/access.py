@@ -33,7 +33,15 @@ from typing import Any
 from eos.api import ConfigError, EnvironmentProblem
 from eos_connectors.kafka import acls
 from eos_connectors.kafka.acls import GROUP, PREFIXED, RUN, TOPIC, TXN, Need
-from eos_connectors.kafka.clients import admin_client, is_refused, kafka_error, producer
+from eos_connectors.kafka.clients import (
+    BrokerUnreachable,
+    admin_client,
+    is_refused,
+    is_retriable,
+    kafka_error,
+    producer,
+    reachable,
+)
 
 log = logging.getLogger("eos.kafka.access")
 # A refused probe is an answer, not an incident: librdkafka's FATAL lines about it stay out of the
@@ -119,7 +127,7 @@ def _topics(admin: Any, needs: list[Need], timeout_s: float) -> Findings:
                 found.deferred += [n for n in here if n.acl.operation != "Create"]
                 continue
             if code != "TOPIC_AUTHORIZATION_FAILED":
-                raise
+                raise BrokerUnreachable(str(exc)) from None
             # No Describe: whether the topic exists, and what else may be done, is not told. Missing
             # are the needs that would grant Describe (Read, Write, ...); what eos would create is asked.
             implying = [n for n in here if n.acl.operation in ("Describe", *acls.IMPLIES["Describe"])]
@@ -154,26 +162,29 @@ def _groups(admin: Any, needs: list[Need], timeout_s: float) -> Findings:
     from confluent_kafka import KafkaException
 
     found = Findings()
+    deadline = time.monotonic() + timeout_s
     for name in sorted({n.acl.name for n in needs}):
         here = [n for n in needs if n.acl.name == name]
-        for attempt in range(5):
+        while True:
             try:
                 described = admin.describe_consumer_groups(
                     [name], include_authorized_operations=True, request_timeout=timeout_s
                 )[name].result()
-                allowed = {op.name for op in described.authorized_operations or []}
-                if described.authorized_operations is not None:
-                    found.missing += [(n, f"allowed operations: {', '.join(sorted(allowed)) or 'none'}")
-                                      for n in here if _operation(n.acl.operation) not in allowed]  # fmt: skip
                 break
             except KafkaException as exc:
                 error = kafka_error(exc)
                 if is_refused(exc):
                     found.missing += [(n, error.name()) for n in here]
+                    described = None
                     break
-                if error is None or error.name() not in TRANSIENT or attempt == 4:
-                    raise
-                threading.Event().wait(0.1 * (attempt + 1))
+                # A new cluster creates and loads its group coordinator's topic on first use.
+                if error is None or error.name() not in TRANSIENT or time.monotonic() > deadline:
+                    raise BrokerUnreachable(str(exc)) from None
+                time.sleep(0.2)
+        if described is not None and described.authorized_operations is not None:
+            allowed = {op.name for op in described.authorized_operations}
+            found.missing += [(n, f"allowed operations: {', '.join(sorted(allowed)) or 'none'}")
+                              for n in here if _operation(n.acl.operation) not in allowed]  # fmt: skip
     return found
 
 
@@ -185,15 +196,22 @@ def _transactional(client: Mapping[str, Any], needs: list[Need], timeout_s: floa
     if timeout_ms is not None:
         config["transaction.timeout.ms"] = timeout_ms
     instance = producer(config)
+    deadline = time.monotonic() + timeout_s
     try:
-        instance.init_transactions(timeout_s)
+        while True:  # a new cluster creates and loads its transaction log on first use: retriable
+            try:
+                instance.init_transactions(max(1.0, deadline - time.monotonic()))
+                break
+            except Exception as exc:
+                if not is_retriable(exc) or time.monotonic() > deadline:
+                    raise
     except Exception as exc:
         error = kafka_error(exc)
         if is_refused(exc):
             return Findings(missing=[(need, error.name()) for need in needs])
         if error is not None and error.name() == "INVALID_TRANSACTION_TIMEOUT":
             raise TimeoutRefused(timeout_ms) from None
-        raise EnvironmentProblem(f"asking whether {txid} may be used failed: {error or exc}") from None
+        raise BrokerUnreachable(f"init_transactions({txid}): {error or exc}") from None
     finally:
         with contextlib.suppress(Exception):  # a producer with a fatal error raises on close
             instance.close(5)
@@ -235,7 +253,10 @@ def require(client: Mapping[str, Any], needs: Iterable[Need], admin: Any = None,
     """Raise AccessDenied for every missing need of `run` (optional ones are warned about);
     returns the needs on topics that do not exist yet."""
     needs = [n for n in needs if n.command == RUN]
-    found = probe(client, needs, admin, **options)
+    if not needs:
+        return []
+    bootstrap, who = needs[0].acl.bootstrap, needs[0].client
+    found = reachable(f"{who}: checking its ACLs", bootstrap, lambda: probe(client, needs, admin, **options))
     required = [(n, answer) for n, answer in found.missing if not n.optional]
     if required:
         raise explain(required)
@@ -430,7 +451,8 @@ def check_pipeline(config: Any, base_dir: Any = None, probe_driver: bool = False
         known[2] = known[2] or timeout_ms
     found = Findings()
     for client, needs, timeout_ms in by_client.values():
-        result = probe(client, needs, transaction_timeout_ms=timeout_ms)
+        where = str(client.get("bootstrap.servers"))
+        result = reachable("checking ACLs", where, lambda: probe(client, needs, transaction_timeout_ms=timeout_ms))  # noqa: B023
         found.missing += result.missing
         found.deferred += result.deferred
     return found
