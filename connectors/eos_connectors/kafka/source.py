@@ -117,11 +117,9 @@ class KafkaSource(SourceConnector):
         return topics
 
     def check(self, spark: Any) -> None:
+        # Its dead-letter queue is a sink of the pipeline: checked with the sinks (eos.pipeline.connectors).
         access.check_source(self)  # the ACLs it needs, before anything is written
         self._topics()
-        dead = self.dead_letters()
-        if dead is not None:
-            dead.check(spark)
 
     def pin(self) -> dict[str, Any]:
         topics = self._topics()
