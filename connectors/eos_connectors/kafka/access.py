@@ -231,16 +231,19 @@ class TimeoutRefused(Exception):
 # ---------------------------------------------------------------------------------------------
 
 
-def explain(missing: list[tuple[Need, str]], when: str = "before anything was written") -> AccessDenied:
+def explain(missing: list[tuple[Need, str]], then: str = "it stops before anything was written") -> AccessDenied:
     """One error for every missing ACL: what, whose, why, what the brokers said, the fix."""
     by_acl: dict[Any, list[tuple[Need, str]]] = {}
     for need, answer in missing:
         by_acl.setdefault(need.acl, []).append((need, answer))
     principals = sorted({acl.principal for acl in by_acl})
-    lines = [f"{' and '.join(principals)} may not do what eos run needs ({len(by_acl)} Kafka ACLs missing); it "
-             f"stops {when}:"]  # fmt: skip
+    lines = [f"{' and '.join(principals)} may not do what eos run needs ({len(by_acl)} Kafka ACLs missing); {then}:"]
     for acl, uses in by_acl.items():
-        whys = "; ".join(dict.fromkeys(f"{need.client}: {need.why}" for need, _ in uses))
+        by_client: dict[str, list[str]] = {}
+        for need, _ in uses:
+            if need.why not in by_client.setdefault(need.client, []):
+                by_client[need.client].append(need.why)
+        whys = "; ".join(f"{client}: {'; '.join(reasons)}" for client, reasons in by_client.items())
         lines.append(f"  - {acl.principal} may not {acl.describe()} at {acl.bootstrap} (the brokers answered "
                      f"{uses[0][1]}). {whys}")  # fmt: skip
     fixes = "\n    ".join(acls.kafka_acls_command(acl, "ADMIN.properties") for acl in by_acl)

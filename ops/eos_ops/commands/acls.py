@@ -48,7 +48,8 @@ def cmd_acls(args: argparse.Namespace) -> int:
 
         found = check_pipeline(config, args.pipeline.resolve().parent)
         if found.missing:
-            print(f"eos acls --check: {explain(found.missing, when='at its start')}", file=sys.stderr)
+            refused = explain(found.missing, then="eos run would stop at its start")
+            print(f"eos acls --check: {refused}", file=sys.stderr)
             return 1
         unchecked = sorted({f"{n.acl.describe()} ({n.acl.principal})" for n in found.deferred})
         if unchecked:
