@@ -132,6 +132,7 @@ class Pipeline:
         self._poison: list[_Branch] = []
         self._inputs: dict[str, str] = {}
         self._checked: dict[int, Any] = {}  # id(entry) -> its checked connector
+        self._systems_checked = False  # a front end's pre-flight checked every system a moment ago
         self.transforms: list[Any] = []  # a pipeline file's transforms (eos.yamlpipeline), for the replay config
         if spark is not None:
             self.spark = spark.newSession()
@@ -211,6 +212,9 @@ class Pipeline:
             dead = connector.dead_letters()
             if dead is None:
                 raise ConfigError(f"source {entry.name}: on_error {entry.on_error!r} needs a dead-letter queue")
+            dead.validate()
+            if not self._systems_checked:
+                dead.check(self.spark)
             self._poison.append(_Branch(dead.name, dead.rows(poison), dead))
         self._sources.append(connector)
         self._source_entries.append(entry)
@@ -253,6 +257,8 @@ class Pipeline:
         connector.validate()
         if systems:  # a front end that ran the pre-flight (eos.preflight) a moment ago skips this
             connector.check(self.spark)
+        else:
+            self._systems_checked = True
         self._checked[id(entry)] = connector
         return connector
 

@@ -55,8 +55,11 @@ def checks(
     opened += [*found.sources, *found.sinks]
     entries = [("sources", i, s) for i, s in enumerate(found.sources)]
     entries += [("sinks", i, s) for i, s in enumerate(found.sinks[: len(config.sinks)])]
+    # A source's dead-letter queue is a sink of its own (its topic, its transactional ids, its ACLs).
+    by_name = {source.name: i for i, source in enumerate(found.sources)}
+    entries += [("sources", by_name[s.name.removesuffix(".dlq")], s) for s in found.sinks[len(config.sinks) :]]
     for kind, index, connector in entries:
-        label = f"{'source' if kind == 'sources' else 'sink'} {connector.name}"
+        label = f"{'sink' if kind == 'sinks' or connector.name.endswith('.dlq') else 'source'} {connector.name}"
         yield label, lambda k=kind, i=index, c=connector: _connector(config, k, i, c)
     if config.exactly_once and found.sources:
         yield f"pipeline name {config.name}", lambda: _name_is_ours(config, base_dir, found.sources[0])

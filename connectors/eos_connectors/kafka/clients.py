@@ -214,6 +214,8 @@ def describe_topics(admin, topics: Iterable[str], timeout: float = 10.0) -> dict
         except KafkaException as exc:
             if _names_unknown_topic(exc):
                 raise UnknownTopic(name) from None
+            if is_refused(exc):
+                raise NotAuthorized(str(exc)) from None
             refused = refused_authentication(admin)
             if refused:
                 raise NotAuthenticated(refused) from None
@@ -338,6 +340,8 @@ def reachable(what: str, bootstrap: str, call: Any) -> Any:
             if refused:  # nothing listens: no need to wait out a request timeout to know
                 raise BrokerUnreachable(refused)
             return call()
+        except NotAuthorized:
+            raise  # an answer, not an outage: the caller names the missing ACL
         except NotAuthenticated as exc:  # an answer, not an outage: no retry helps
             raise EnvironmentProblem(
                 f"{what}: Kafka at {bootstrap} refused this client's credentials ({exc})",
@@ -391,6 +395,11 @@ class BrokerUnreachable(Exception):
 class NotAuthenticated(BrokerUnreachable):
     """The cluster refused the client's credentials (a BrokerUnreachable to callers that only
     retry or report it)."""
+
+
+class NotAuthorized(BrokerUnreachable):
+    """The brokers refused for want of an ACL (a BrokerUnreachable to callers that only retry or
+    report; start-up checks name the ACL: eos_connectors.kafka.access)."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from eos.api import (
     decode,
     encode,
 )
-from eos_connectors.kafka import ids
+from eos_connectors.kafka import access, ids
 from eos_connectors.kafka.clients import UnknownTopic, admin_client, is_fenced, is_indefinite, kafka_error, producer
 from eos_connectors.kafka.ledger import control_key, ensure_ledger_topic, scan, wait_until_stable
 
@@ -89,7 +89,9 @@ class KafkaControlLog(ControlLog):
 
     # -- writing -------------------------------------------------------------------------------
     def take_over(self, driver: DriverInfo) -> ControlState:
+        access.check_control(self)  # the ACLs it needs, before it creates or writes anything
         ensure_ledger_topic(self.client, self.topic, self.admin)
+        access.check_created(self.client, "control log", self.topic, self.admin)
         self._new_producer()  # fences every earlier driver; aborts what it had open
         state = self._read(wait_s=self.timeout_s)
         self._write("driver", driver)
@@ -141,6 +143,9 @@ class KafkaControlLog(ControlLog):
         try:
             instance.init_transactions(self.timeout_s)
         except Exception as exc:
+            refused = access.driver_denied(self, exc)
+            if refused is not None:
+                raise refused from None
             raise EnvironmentProblem(
                 f"cannot take over pipeline {self.pipeline} on {self.client.get('bootstrap.servers')}: "
                 f"init_transactions({self.txid}) failed: {kafka_error(exc) or exc}"

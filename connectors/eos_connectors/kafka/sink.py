@@ -53,7 +53,7 @@ from eos.api import (
 )
 from eos_connectors.formats import avro, check_formats
 from eos_connectors.formats.encode import sink_columns
-from eos_connectors.kafka import ids, ledger
+from eos_connectors.kafka import access, ids, ledger
 from eos_connectors.kafka.clients import (
     BrokerUnreachable,
     UnknownTopic,
@@ -143,6 +143,7 @@ class KafkaSink(SinkConnector):
             # The brokers' limit on transactions is asked for while the topic is looked up.
             exactly_once = self.pipeline.exactly_once
             limit = pool.submit(broker_setting, admin, "transaction.max.timeout.ms") if exactly_once else None
+            access.check_sink(self, admin, limit)  # the ACLs it needs, before anything is written
             try:
                 reachable(f"sink {self.name}", self.entry.kafka.bootstrap, lambda: describe_topics(admin, [topic]))
             except UnknownTopic:
@@ -155,13 +156,15 @@ class KafkaSink(SinkConnector):
                         hint="create it, or set `create_topic: true` (with `partitions: N`) on the sink",
                     ) from None
                 create_topic(admin, topic, self.entry.kafka.partitions)
+                access.check_created(self.client, access.sink_who(self), topic, admin)
         if limit is not None:  # exactly-once
-            self._check_transaction_timeout(limit.result())
+            self._check_transaction_timeout(access.transaction_limit(self, limit))
 
     def set_up(self) -> None:
         # A new pipeline's ledger topic takes a topic creation (~50 ms here), beside the build.
         if self.pipeline.exactly_once:
             ledger.ensure_ledger_topic(self.client, self.pipeline.ledger)
+            access.check_created(self.client, access.sink_who(self), self.pipeline.ledger)
 
     def _check_transaction_timeout(self, limit: str | None) -> None:
         wanted = transaction_timeout_s(self.pipeline.epoch_timeout_s)
@@ -268,7 +271,11 @@ class KafkaSink(SinkConnector):
             if sink.pipeline.ledger in done:  # one read per ledger topic (the sinks share one cluster)
                 continue
             done.add(sink.pipeline.ledger)
-            found.update(ledger.read_ledger(sink.client, sink.pipeline.ledger, sink.pipeline.name))
+            try:
+                found.update(ledger.read_ledger(sink.client, sink.pipeline.ledger, sink.pipeline.name))
+            except Exception:
+                access.check_ledger_read(sinks)  # for want of an ACL? Then say which
+                raise
         names = {sink.name for sink in sinks}
         return {key: entry for key, entry in found.items() if key[0] in names}
 

@@ -28,8 +28,10 @@ from eos.api import (
 )
 from eos_connectors.formats import avro, check_formats
 from eos_connectors.formats.decode import decode_in_spark, source_view
+from eos_connectors.kafka import access
 from eos_connectors.kafka import offsets as planning
 from eos_connectors.kafka.clients import (
+    NotAuthorized,
     UnknownTopic,
     admin_client,
     consumer,
@@ -105,6 +107,9 @@ class KafkaSource(SourceConnector):
             raise missing_topic(
                 f"source {self.name}", exc.topic, kafka.bootstrap, self.admin, hint="create it, or fix `topics:`"
             ) from None
+        except NotAuthorized:
+            access.check_source(self)  # names the missing ACLs
+            raise
         for topic, info in topics.items():
             if not info.topic_id or info.topic_id.startswith("AAAAAAAAAAAAAAAAAAAAAA"):
                 raise EnvironmentProblem(
@@ -115,10 +120,9 @@ class KafkaSource(SourceConnector):
         return topics
 
     def check(self, spark: Any) -> None:
+        # Its dead-letter queue is a sink of the pipeline: checked with the sinks (eos.pipeline.connectors).
+        access.check_source(self)  # the ACLs it needs, before anything is written
         self._topics()
-        dead = self.dead_letters()
-        if dead is not None:
-            dead.check(spark)
 
     def pin(self) -> dict[str, Any]:
         topics = self._topics()
