@@ -14,10 +14,8 @@ from eos_connectors.kafka import fencer
 def test_only_settings_it_implements_take_the_wire_path():
     plain = fencer.wire_settings({"bootstrap.servers": "a:9092,[::1]:9093", "linger.ms": 0})
     assert plain.brokers == (("a", 9092), ("::1", 9093)) and plain.protocol == "PLAINTEXT" and plain.tls is None
-    scram = fencer.wire_settings(
-        {"bootstrap.servers": "a:1", "security.protocol": "sasl_plaintext", "sasl.mechanism": "SCRAM-SHA-512",
-         "sasl.username": "u", "sasl.password": "hunter2"}  # fmt: skip
-    )
+    sasl = {"security.protocol": "sasl_plaintext", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "u"}
+    scram = fencer.wire_settings({"bootstrap.servers": "a:1", **sasl, "sasl.password": "hunter2"})
     assert scram.mechanism == "SCRAM-SHA-512" and "hunter2" not in repr(scram)
     for refused in (
         {"bootstrap.servers": "a:1", "ssl.keystore.location": "k.p12"},  # a setting it does not implement

@@ -471,7 +471,7 @@ def fence(config: Mapping[str, Any], txids: Iterable[str], timeout_s: float = 60
                     else:
                         by_node.setdefault((node, host, port), []).append(txid)
             again = by_node.pop((-1, "", 0), [])
-            stripes = [(where, ids[i::STRIPES]) for where, ids in by_node.items() for i in range(min(STRIPES, len(ids)))]
+            stripes = [(at, ids[i::STRIPES]) for at, ids in by_node.items() for i in range(min(STRIPES, len(ids)))]
             with ThreadPoolExecutor(max_workers=max(1, min(16, len(stripes)))) as pool:
                 rounds = [pool.submit(_init_all, settings, where, ids, deadline) for where, ids in stripes]
                 for (_, ids), future in zip(stripes, rounds, strict=True):
