@@ -72,7 +72,9 @@ def test_a_conversation_reuses_the_processs_idle_connection_to_the_same_run():
     """A slot's conversation ends with its connection idle and answered: the next one of this
     process (another sink, the next epoch) takes it instead of connecting, which cost the driver an
     accept, a hello and a close per transaction. Another run (a new key) never gets it."""
-    service = Coordinator(identity={"pipeline": "p", "run": "r"}, slots=2)
+    # The service checks a connection's deadline when its one timer fires (first at the hello
+    # timeout): 1 s here, so the idle timeout set below is seen within a second.
+    service = Coordinator(identity={"pipeline": "p", "run": "r"}, slots=2, hello_timeout_s=1.0)
     other = Coordinator(identity={"pipeline": "p", "run": "r2"}, slots=2)
     try:
         for coordinator in (service, other):
@@ -93,7 +95,7 @@ def test_a_conversation_reuses_the_processs_idle_connection_to_the_same_run():
         client = VoteClient(service.address, 1, 1, 60)
         assert "number" in client.request("lease", sink="out", slot=3, worker="w", idle=[])
         client.close()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while service._open and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not service._open
