@@ -40,6 +40,7 @@ SECTIONS = (
     "producer",
     "transactions",
     "profile",
+    "costmodel",
 )
 RESULTS = REPO / "bench" / "results"
 DOC = REPO / "docs" / "BENCHMARKS.md"
