@@ -4,6 +4,8 @@ is fitted to, and the projection. The measurements themselves need a broker: `py
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from bench.sections import costmodel
@@ -12,17 +14,19 @@ from bench.sections import costmodel
 def test_a_line_through_exact_points_has_no_residual():
     line = costmodel.fit([16, 64, 256, 1024], [0.05 + 0.002 * x for x in (16, 64, 256, 1024)])
     assert line.fixed == pytest.approx(0.05) and line.per_unit == pytest.approx(0.002)
-    assert all(abs(r) < 1e-12 for r in line.residuals) and line.worst == pytest.approx(0, abs=1e-9)
+    assert line.worst == pytest.approx(0, abs=1e-9) and line.r2 == pytest.approx(1.0)
+    assert line.exponent == pytest.approx(math.log(2.098 / 0.082) / math.log(1024 / 16))  # < 1: the fixed cost
     assert line.at(2048) == pytest.approx(0.05 + 0.002 * 2048)
 
 
 def test_least_squares_of_noisy_points_and_the_worst_residual():
     # y = 1 + 2x with the middle point 1 too high: the line's residuals sum to zero, and the worst
-    # is the largest relative to its fitted value (at x = 0: 1/3 off a fitted 4/3).
+    # is the middle one's (2/3 above the fitted 10/3).
     line = costmodel.fit([0, 1, 2], [1, 4, 5])
     assert line.per_unit == pytest.approx(2.0) and line.fixed == pytest.approx(4 / 3)
     assert sum(line.residuals) == pytest.approx(0, abs=1e-12)
-    assert line.worst == pytest.approx((1 / 3) / (4 / 3))
+    assert line.worst == pytest.approx(2 / 3) and line.r2 == pytest.approx(1 - (2 / 3) / (26 / 3))
+    assert line.exponent is None  # a y at x = 0: no power law
     flat = costmodel.fit([5, 5], [1, 3])  # one x only: the mean, no slope
     assert (flat.fixed, flat.per_unit) == (2.0, 0.0)
     with pytest.raises(ValueError):
