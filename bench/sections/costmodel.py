@@ -42,6 +42,7 @@ QUICK_SIZES = {
     "fence_reps": 2,
     "producer_ids": (16, 128),
     "ledger_entries": (4, 64, 1024),
+    "ledger_history": 10,
     "slots": (1, 16, 64, 256),
     "sinks": (1, 4),
     "epochs": 4,
@@ -53,6 +54,7 @@ FULL_SIZES = {
     "fence_reps": 5,
     "producer_ids": (16, 64, 256, 1024),
     "ledger_entries": (4, 64, 256, 1024),
+    "ledger_history": 100,
     "slots": (1, 4, 16, 64, 128, 256),
     "sinks": (1, 2, 4),
     "epochs": 8,
@@ -180,9 +182,11 @@ def fencing(bootstrap: str, broker_pid: int | None, sizes: tuple[int, ...], reps
     return rows
 
 
-def ledger_read(bootstrap: str, sizes: tuple[int, ...], reps: int) -> list[dict]:
+def ledger_read(bootstrap: str, sizes: tuple[int, ...], reps: int, epochs: int = 3) -> list[dict]:
     """read_ledger (after fencing: wait until stable, scan, decode) of a ledger topic holding `n`
-    (sink, slot) entries, each written 3 times (compaction has not run: recovery reads them all)."""
+    (sink, slot) entries, each written `epochs` times: compaction cleans only closed segments, so
+    recovery reads every entry written since the active segment began (up to `segment.ms`, 6 h,
+    or `segment.bytes`)."""
     from eos.protocol.ledger import LedgerEntry
     from eos_connectors.kafka import ledger
     from eos_connectors.kafka.clients import admin_client, producer
@@ -194,20 +198,22 @@ def ledger_read(bootstrap: str, sizes: tuple[int, ...], reps: int) -> list[dict]
         ledger.ensure_ledger_topic(client, topic, admin_client(client))
         writer = producer({**client, "linger.ms": 5})
         size = 0
-        for epoch in range(3):
+        for epoch in range(epochs):
             for i in range(n):
                 sink, slot = f"s{i % 4}", i // 4
                 entry = LedgerEntry("bench", sink, slot, epoch, "c", "o" * 64, "c" * 64, 1, "r", 100, time.time())
                 value = entry.to_json().encode()
                 size += len(value)
                 writer.produce(topic, value, ledger.entry_key("bench", sink, slot), partition=0)
-        writer.flush(60)
+                if i % 10_000 == 0:
+                    writer.poll(0)
+        writer.flush(120)
         for rep in range(reps):
             cpu, started = cpu_s(), time.perf_counter()
             found = ledger.read_ledger(client, topic, "bench")
             wall, cpu = time.perf_counter() - started, cpu_s() - cpu
-            rows.append({"entries": n, "rep": rep, "records": 3 * n, "bytes": size, "found": len(found),
-                         "wall_s": wall, "driver_cpu_s": cpu, "load": load()})  # fmt: skip
+            rows.append({"entries": n, "epochs": epochs, "rep": rep, "records": epochs * n, "bytes": size,
+                         "found": len(found), "wall_s": wall, "driver_cpu_s": cpu, "load": load()})  # fmt: skip
     return rows
 
 
@@ -447,6 +453,10 @@ def model(results: dict[str, Any]) -> dict[str, Any]:
         points = medians(rows, ("ids",), value)
         if len(points) >= 2:
             lines[name] = fit([k[0] for k in points], list(points.values()))
+    history = results.get("ledger", []) + results.get("ledger_history", [])
+    scanned = medians(history, ("records",), "wall_s")
+    if len(scanned) >= 2:
+        lines["ledger_read_s_per_record"] = fit([k[0] for k in scanned], list(scanned.values()))
     ledger_points = medians(results.get("ledger", []), ("entries",), "wall_s")
     if len(ledger_points) >= 2:
         lines["ledger_read_s_per_entry"] = fit([k[0] for k in ledger_points], list(ledger_points.values()))
@@ -503,6 +513,8 @@ def measure_all(bootstrap: str, broker_pid: int | None, quick: bool, work: str, 
     results["fencing"] += fencing(bootstrap, broker_pid, sizes["producer_ids"], 2, "producers")
     say(f"reading ledgers of {sizes['ledger_entries']} entries ...")
     results["ledger"] = ledger_read(bootstrap, sizes["ledger_entries"], sizes["fence_reps"])
+    say(f"reading a ledger of 1,024 entries x {sizes['ledger_history']} epochs (the active segment's history) ...")
+    results["ledger_history"] = ledger_read(bootstrap, (1024,), 2, sizes["ledger_history"])
     say(f"driver per epoch, {sizes['slots']} slots x {sizes['sinks']} sinks ...")
     results["protocol"] = protocol(bootstrap, sizes["slots"], sizes["sinks"], sizes["epochs"])
     say(f"planning {sizes['partitions']} partitions ...")
@@ -548,6 +560,13 @@ def render(results: dict[str, Any]) -> list[str]:
         cpu = median([r["driver_cpu_s"] for r in rows])
         out.append(
             f"| {n:,} | {rows[0]['records']:,} | {rows[0]['bytes']:,} | {wall:.3f} | {cpu:.3f} | {rows[0]['load']} |"
+        )
+    for r in results.get("ledger_history", [])[:1]:
+        rows = results["ledger_history"]
+        wall, cpu = median([x["wall_s"] for x in rows]), median([x["driver_cpu_s"] for x in rows])
+        out.append(
+            f"| {r['entries']:,} × {r['epochs']} epochs | {r['records']:,} | {r['bytes']:,} | {wall:.3f} | {cpu:.3f} | "
+            f"{r['load']} |"
         )
     out += [
         "",
