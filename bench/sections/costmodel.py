@@ -153,14 +153,16 @@ def fit(xs: list[float], ys: list[float]) -> Line:
 # ---------------------------------------------------------------------------------------------
 
 
-def fencing(bootstrap: str, broker_pid: int | None, sizes: tuple[int, ...], reps: int, path: str) -> list[dict]:
+def fencing(
+    bootstrap: str | dict[str, Any], broker_pid: int | None, sizes: tuple[int, ...], reps: int, path: str
+) -> list[dict]:
     """Fence `n` ids that exist (recovery's case: they held transactions before), `reps` times each.
     path "wire": eos_connectors.kafka.fencer (what ledger.fence does now); "producers": a librdkafka
     producer per id, 16 at a time (what it did before, and still does for settings the wire path
     does not implement)."""
     from eos_connectors.kafka import fencer, ledger
 
-    client = {"bootstrap.servers": bootstrap}
+    client = bootstrap if isinstance(bootstrap, dict) else {"bootstrap.servers": bootstrap}
     rows = []
     for n in sizes:
         txids = [f"bench-fence-{uuid.uuid4().hex[:8]}/out/{i}" for i in range(n)]
@@ -180,6 +182,34 @@ def fencing(bootstrap: str, broker_pid: int | None, sizes: tuple[int, ...], reps
                 "requests": requests, "connections": connections, "load": load(),
             })  # fmt: skip
     return rows
+
+
+def secure_fencing(work: str, sizes: tuple[int, ...], reps: int, producer_ids: tuple[int, ...]) -> list[dict]:
+    """fencing() on a secured local broker of its own (SASL_SSL, SCRAM-SHA-512, the broker's CA
+    verified: what a production cluster asks of every connection), for a user allowed everything."""
+    import secrets
+    from pathlib import Path
+
+    from eos_connectors.kafka.clients import admin_client
+    from eos_ops import kafka_security
+    from eos_ops.localkafka import LocalBroker, free_port
+
+    broker = LocalBroker(port=free_port(), data_dir=Path(work) / "secure-broker", heap="512m", secure=True)
+    broker.start()
+    try:
+        admin = admin_client(broker.client_settings())
+        password = secrets.token_urlsafe(18)
+        kafka_security.add_scram_user(admin, "bench-fencer", password)
+        kafka_security.grant_all(admin, "User:bench-fencer")
+        assert broker.security is not None
+        client = kafka_security.user_settings(broker.bootstrap, broker.security.tls.ca_file, "bench-fencer", password)
+        rows = fencing(client, broker.pid(), sizes, reps, "wire")
+        rows += fencing(client, broker.pid(), producer_ids, 1, "producers")
+        for row in rows:
+            row["security"] = "SASL_SSL SCRAM-SHA-512"
+        return rows
+    finally:
+        broker.stop()
 
 
 def ledger_read(bootstrap: str, sizes: tuple[int, ...], reps: int, epochs: int = 3) -> list[dict]:
@@ -407,6 +437,7 @@ def spark_planning(bench: Any, sizes: tuple[int, ...], events: int) -> list[dict
     (bench.sections.protocol). Medians over the run's epochs."""
     from bench.runs import EO, measure
 
+    bench.warm_up()  # the first query of a session plans slowly (JVM, Python workers): not the partitions' cost
     rows = []
     for n in sizes:
         source = bench.input(events, n)
@@ -511,6 +542,9 @@ def measure_all(bootstrap: str, broker_pid: int | None, quick: bool, work: str, 
     results["fencing"] = fencing(bootstrap, broker_pid, sizes["fence_ids"], sizes["fence_reps"], "wire")
     say(f"fencing {sizes['producer_ids']} ids (a producer per id) ...")
     results["fencing"] += fencing(bootstrap, broker_pid, sizes["producer_ids"], 2, "producers")
+    if not quick:
+        say("fencing on a secured broker (SASL_SSL, SCRAM-SHA-512) ...")
+        results["fencing_secure"] = secure_fencing(work, (64, 256, 1024), 3, (64, 256))
     say(f"reading ledgers of {sizes['ledger_entries']} entries ...")
     results["ledger"] = ledger_read(bootstrap, sizes["ledger_entries"], sizes["fence_reps"])
     say(f"reading a ledger of 1,024 entries x {sizes['ledger_history']} epochs (the active segment's history) ...")
@@ -545,6 +579,13 @@ def render(results: dict[str, Any]) -> list[str]:
         rows = [r for r in results["fencing"] if r["path"] == path and r["ids"] == ids]
         out.append(
             f"| {path} | {ids:,} | {wall:.3f} | {median([r['driver_cpu_s'] for r in rows]):.3f} | "
+            f"{median([r['broker_cpu_s'] for r in rows]):.2f} | {rows[0]['requests']:,} | {rows[0]['connections']:,} | "
+            f"{min(r['load'] for r in rows)}–{max(r['load'] for r in rows)} |"
+        )
+    for (path, ids), wall in medians(results.get("fencing_secure", []), ("path", "ids"), "wall_s").items():
+        rows = [r for r in results["fencing_secure"] if r["path"] == path and r["ids"] == ids]
+        out.append(
+            f"| {path}, SASL_SSL | {ids:,} | {wall:.3f} | {median([r['driver_cpu_s'] for r in rows]):.3f} | "
             f"{median([r['broker_cpu_s'] for r in rows]):.2f} | {rows[0]['requests']:,} | {rows[0]['connections']:,} | "
             f"{min(r['load'] for r in rows)}–{max(r['load'] for r in rows)} |"
         )
