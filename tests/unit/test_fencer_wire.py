@@ -79,3 +79,27 @@ def test_scram_refuses_a_first_message_that_is_not_its_own():
         scram.final(b"r=zzz,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096")  # not our nonce
     with pytest.raises(fencer.WireError):
         scram.final(b"r=abcdef,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=1")  # too few iterations
+
+
+def test_an_answer_it_cannot_read_is_a_wire_error_so_recovery_falls_back():
+    """Something that is not a Kafka broker (or a broker answering garbage) on the bootstrap port:
+    the wire path gives up with WireError, and ledger.fence_each then fences with producers."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer_garbage() -> None:
+        peer, _ = server.accept()
+        with peer:
+            size = struct.unpack(">i", peer.recv(4))[0]
+            request = peer.recv(size)
+            correlation = request[4:8]
+            peer.sendall(struct.pack(">i", 6) + correlation + b"\x00\x00")  # ApiVersions: error 0, then nothing
+
+    threading.Thread(target=answer_garbage, daemon=True).start()
+    try:
+        with pytest.raises(fencer.WireError, match="an answer it cannot read"):
+            fencer.fence({"bootstrap.servers": f"127.0.0.1:{server.getsockname()[1]}"}, ["t/0"], 5)
+    finally:
+        server.close()

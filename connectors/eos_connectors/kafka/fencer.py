@@ -82,14 +82,6 @@ class Unsupported(Exception):
     """These settings, or this cluster, need librdkafka's producers (the caller falls back)."""
 
 
-class Refused(Exception):
-    """The cluster's authorizer refused the principal an id (its Kafka error code in `code`)."""
-
-    def __init__(self, txid: str, code: int):
-        super().__init__(f"transactional id {txid}: error {code} (authorization failed)")
-        self.txid, self.code = txid, code
-
-
 class WireError(Exception):
     """The wire path failed (unreachable, authentication, an unexpected answer): the caller falls back."""
 
@@ -447,9 +439,16 @@ def fence(config: Mapping[str, Any], txids: Iterable[str], timeout_s: float = 60
     the wire path failed (the caller falls back; fencing an id twice is harmless)."""
     settings = wire_settings(config)
     todo = list(dict.fromkeys(txids))
-    outcome = Outcome()
     if not todo:
-        return outcome
+        return Outcome()
+    try:
+        return _fence(settings, todo, timeout_s)
+    except (struct.error, IndexError, UnicodeDecodeError) as exc:  # an answer that is not what it asked for
+        raise WireError(f"an answer it cannot read: {type(exc).__name__}: {exc}") from None
+
+
+def _fence(settings: Settings, todo: list[str], timeout_s: float) -> Outcome:
+    outcome = Outcome()
     deadline = time.monotonic() + timeout_s
     bootstrap = _bootstrap(settings, deadline, outcome)
     try:
