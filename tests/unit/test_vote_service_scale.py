@@ -121,3 +121,25 @@ def test_the_connection_cap_grows_with_slots_times_sinks():
     finally:
         small.close()
         large.close()
+
+
+def test_a_pool_grows_by_doubling_so_a_wide_first_epoch_records_few_growths():
+    """Each growth is a transaction in the control log, written on the vote service's loop while
+    every lease waits: 256 slots x 4 sinks from empty pools recorded 256 growths of 4 ids, 3.5 s of
+    the loop's time (docs/SCALING.md). Doubling records a handful per sink, and a pool is never more
+    than twice what the epoch used at once."""
+    slots = 64
+    service = Coordinator(identity={"pipeline": "p", "run": "r"}, slots=slots)
+    try:
+        recorded: list[dict[str, int]] = []
+        service.on_grow = recorded.append
+        service.set_pools({"out": 0})
+        service.open_attempt(1, 1, 60)
+        client = VoteClient(service.address, 1, 1, 60)
+        for slot in range(slots):  # every id stays busy: no vote, no report
+            assert "number" in client.request("lease", sink="out", slot=slot, worker=f"w{slot}", idle=[])
+        client.close()
+        assert len(recorded) <= 5  # 4, 8, 16, 32, 64
+        assert slots <= service.pool_sizes()["out"] <= 2 * slots
+    finally:
+        service.close()
