@@ -442,7 +442,8 @@ class Coordinator:
             vote.error = str(request.get("error", ""))[:500]
         state.settle(key, vote)
         self._free(state, vote.sink, vote.lease)
-        self._lock.notify_all()
+        if state.problems or not state.uncommitted:  # wake the driver only when its wait can end
+            self._lock.notify_all()
         return {"ok": True}
 
     def _lease(self, state: AttemptState, connection: _Connection, request: dict[str, Any]) -> dict[str, Any]:

@@ -58,9 +58,14 @@ def test_waiting_for_n_commit_reports_looks_at_each_vote_a_bounded_number_of_tim
 
         reporter = threading.Thread(target=report)
         CountingVotes.lookups = 0
+        wakes = []
+        notify_all = service._lock.notify_all
+        service._lock.notify_all = lambda: (wakes.append(1), notify_all())  # type: ignore[method-assign]
         reporter.start()
         assert service.wait_committed(1, 1, keys, 30) == []
         reporter.join(30)
+        # The driver is woken when its wait can end, not at every report (a thread switch each).
+        assert len(wakes) <= 2, f"{len(wakes)} wake-ups for {slots} reports"
         # Linear: each report costs the service a lookup or two, and the wait a scan of the keys
         # once; looking at every vote on every report cost ~3 x slots per report.
         assert CountingVotes.lookups <= 10 * slots, f"{CountingVotes.lookups} lookups for {slots} reports"
