@@ -16,4 +16,5 @@ SECTIONS = (
     "producer",
     "transactions",
     "profile",
+    "costmodel",
 )

@@ -25,11 +25,14 @@ and a stranger who pings learns nothing it did not send.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hmac
 import json
+import os
 import secrets
 import socket
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,54 +122,141 @@ def proof(ping_key: str, service_nonce: bytes, peer_nonce: bytes, pipeline: str,
 
 
 class VoteClient:
-    """One connection from a slot to the vote service. Every answer it returns is authenticated;
-    anything else (unreachable, refused, a forged or garbled reply) comes back as an abort."""
+    """One conversation of a slot with the vote service (a lease, a vote, a commit report). Every
+    answer it returns is authenticated; anything else (unreachable, refused, a forged or garbled
+    reply) comes back as an abort. Its connection comes from this process's idle ones to the same
+    service and run (KEPT) when there is one, and goes back there when the conversation ends after
+    an answer; a connection that failed is closed instead."""
 
     def __init__(self, address: CoordinatorAddress, epoch: int, attempt: int, timeout_s: float):
         self.address, self.epoch, self.attempt, self.timeout_s = address, epoch, attempt, timeout_s
-        self._sock: socket.socket | None = None
-        self._file: Any = None
-        self._session: Session | None = None
+        self._link: _Link | None = None
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
         message = {"op": op, "epoch": self.epoch, "attempt": self.attempt, **fields}
         try:
-            if self._session is None:
-                self._connect()
-            assert self._sock is not None and self._session is not None
-            line = self._session.seal(message)
+            if self._link is None:
+                self._link = KEPT.take(self.address) or _Link.connect(self.address)
+            link = self._link
+            line = link.session.seal(message)
             if len(line) > MAX_LINE:
                 return {"decision": ABORT, "error": f"request of {len(line)} bytes: the vote service takes {MAX_LINE}"}
-            self._sock.settimeout(self.timeout_s + 10)  # `prepared` waits up to the epoch's timeout
-            self._file.write(line)
-            self._file.flush()
-            answer = self._file.readline(MAX_LINE)
+            link.sock.settimeout(self.timeout_s + 10)  # `prepared` waits up to the epoch's timeout
+            link.file.write(line)
+            link.file.flush()
+            answer = link.file.readline(MAX_LINE)
         except (OSError, ValueError) as exc:
-            self.close()
+            self._drop()
             return {"decision": ABORT, "error": f"vote service unreachable: {exc}"}
-        reply = self._session.open(answer) if answer.endswith(b"\n") else None
+        reply = link.session.open(answer) if answer.endswith(b"\n") else None
         if reply is None:
-            self.close()
+            self._drop()
             return {"decision": ABORT, "error": f"the vote service refused the request or closed: {_refusal(answer)}"}
         return reply
 
-    def _connect(self) -> None:
-        self._sock = socket.create_connection((self.address.host, self.address.port), timeout=10)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._file = self._sock.makefile("rwb")
-        nonce = secrets.token_bytes(16)
-        self._file.write(peer_hello(nonce))
-        self._file.flush()
-        service_nonce = read_nonce(self._file.readline(MAX_LINE))
+    def close(self) -> None:
+        """The conversation is over: its connection, answered and idle, is kept for the next one."""
+        if self._link is not None:
+            KEPT.give(self.address, self._link)
+        self._link = None
+
+    def _drop(self) -> None:
+        if self._link is not None:
+            self._link.close()
+        self._link = None
+
+
+@dataclass
+class _Link:
+    """An authenticated connection to the vote service."""
+
+    sock: socket.socket
+    file: Any
+    session: Session
+
+    @classmethod
+    def connect(cls, address: CoordinatorAddress) -> _Link:
+        sock = socket.create_connection((address.host, address.port), timeout=10)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            file = sock.makefile("rwb")
+            nonce = secrets.token_bytes(16)
+            file.write(peer_hello(nonce))
+            file.flush()
+            service_nonce = read_nonce(file.readline(MAX_LINE))
+        except BaseException:
+            sock.close()
+            raise
         if service_nonce is None:
-            raise ConnectionError(f"{self.address.hostport} is not an eos vote service")
-        self._session = Session(self.address.key, service_nonce, nonce, b"C")
+            sock.close()
+            raise ConnectionError(f"{address.hostport} is not an eos vote service")
+        return cls(sock, file, Session(address.key, service_nonce, nonce, b"C"))
+
+    def idle(self) -> bool:
+        """Still open, with nothing unread: the service closes a connection idle for longer than
+        its epoch timeout plus a minute (and every one when its driver stops)."""
+        try:
+            self.sock.setblocking(False)
+            try:
+                self.sock.recv(1, socket.MSG_PEEK)  # b"": closed; anything else: not an idle connection
+                return False
+            except BlockingIOError:
+                return True
+            finally:
+                self.sock.setblocking(True)
+        except OSError:
+            return False
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._file.close()
-            self._sock.close()
-        self._sock = self._file = self._session = None
+        with contextlib.suppress(OSError):
+            self.file.close()
+            self.sock.close()
+
+
+class _Kept:
+    """This process's idle connections to vote services, by service and run (the address holds the
+    run key: a new driver run never gets an old run's connection). A Python worker runs one task
+    at a time, and a task's conversations (one per sink it writes) end within its epoch, so what is
+    kept is at most what the worker had open at once, at most KEEP per service. Each conversation
+    on a kept connection saves the driver a connection's accept, hello and close: 37% of its CPU
+    per epoch at 256 slots (docs/SCALING.md). A forked process starts without any."""
+
+    KEEP = 8
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._idle: dict[CoordinatorAddress, list[_Link]] = {}
+
+    def take(self, address: CoordinatorAddress) -> _Link | None:
+        with self._lock:
+            self._forked()
+            links = self._idle.get(address, [])
+            while links:
+                link = links.pop()
+                if link.idle():
+                    return link
+                link.close()
+        return None
+
+    def give(self, address: CoordinatorAddress, link: _Link) -> None:
+        with self._lock:
+            self._forked()
+            for other in [a for a in self._idle if a != address and a.hostport == address.hostport]:
+                for stale in self._idle.pop(other):  # a run that ended: its driver is gone
+                    stale.close()
+            links = self._idle.setdefault(address, [])
+            if len(links) < self.KEEP:
+                links.append(link)
+                return
+        link.close()
+
+    def _forked(self) -> None:
+        if os.getpid() != self._pid:  # the parent's connections are the parent's
+            self._pid, self._idle = os.getpid(), {}
+
+
+KEPT = _Kept()
 
 
 def _refusal(line: bytes) -> str:

@@ -106,6 +106,22 @@ class AttemptState:
     new_ids: int = 0  # ids this attempt added to the pools
     closed: str | None = None  # why the attempt ended; undecided votes are aborted
     opened_at: float = field(default_factory=time.monotonic)
+    # What the driver's wait_committed waits on, kept up to date by each report: a report costs
+    # O(1), not a look at every vote of the epoch (which made the wait O(transactions^2)).
+    watched: set[tuple[str, str]] = field(default_factory=set)  # the keys the driver waits on
+    uncommitted: set[tuple[str, str]] = field(default_factory=set)  # ...whose commit is not reported yet
+    problems: dict[tuple[str, str], str] = field(default_factory=dict)  # ...whose vote failed
+
+    def settle(self, key: tuple[str, str], vote: Vote) -> None:
+        """A watched vote's outcome changed (under the coordinator's lock)."""
+        if key not in self.watched:
+            return
+        if vote.error:
+            self.problems.setdefault(key, f"{key[0]} {key[1]}: {vote.error}")
+        if vote.committed:
+            self.uncommitted.discard(key)
+        else:
+            self.uncommitted.add(key)
 
     def decision_for(self, key: tuple[str, str]) -> tuple[str | None, str]:
         if key in self.released:
@@ -137,6 +153,7 @@ class Coordinator:
         self._pools: dict[str, Pool] = {}
         self.on_grow: Callable[[dict[str, int]], None] | None = None  # records pool sizes durably
         self.grow_step = 4
+        self.slots = slots
         self.max_new_ids = max(MIN_NEW_IDS, NEW_IDS_PER_SLOT * slots)  # per attempt
         self.max_connections = max_connections
         self.hello_timeout_s = hello_timeout_s
@@ -202,19 +219,19 @@ class Coordinator:
         deadline = time.monotonic() + timeout_s
         with self._lock:
             state = self._attempts[(epoch, attempt)]
+            state.watched, state.uncommitted, state.problems = set(keys), set(keys), {}
+            for key in keys:  # what was reported before the wait; settle() keeps it up to date
+                vote = state.votes.get(key)
+                if vote is not None:
+                    state.settle(key, vote)
             while True:
-                votes = [state.votes.get(k) for k in keys]
-                problems = [
-                    f"{k[0]} {k[1]}: {v.error}" for k, v in zip(keys, votes, strict=True) if v is not None and v.error
-                ]
-                if problems:
-                    return problems
-                if all(v is not None and v.committed for v in votes):
+                if state.problems:
+                    return [state.problems[k] for k in keys if k in state.problems]
+                if not state.uncommitted:
                     return []
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    pending = zip(keys, votes, strict=True)
-                    missing = [f"{k[0]} {k[1]}" for k, v in pending if v is None or not v.committed]
+                    missing = [f"{k[0]} {k[1]}" for k in keys if k in state.uncommitted]
                     return [f"no commit report within {timeout_s:.0f} s from {', '.join(missing)}"]
                 self._lock.wait(remaining)
 
@@ -245,9 +262,12 @@ class Coordinator:
 
     # -- driver API: leases ------------------------------------------------------------------
     def set_pools(self, sizes: dict[str, int]) -> None:
-        """After recovery fenced every id: pools of these sizes, all unowned."""
+        """After recovery fenced every id: pools of these sizes, all unowned. Each slot keeps a
+        connection per sink open while it waits for the decision, so the connection cap grows to
+        twice slots x sinks when that passes it (1,024 is 256 slots x 4 sinks: docs/SCALING.md)."""
         with self._lock:
             self._pools = {sink: Pool(size) for sink, size in sizes.items()}
+            self.max_connections = max(self.max_connections, 2 * self.slots * len(sizes))
 
     def pool_sizes(self) -> dict[str, int]:
         with self._lock:
@@ -400,11 +420,13 @@ class Coordinator:
             # Two connections claim one transaction: one of them lies. The driver must not take
             # either's word that it committed: the attempt fails (and is replayed) instead.
             state.votes[key].error = state.votes[key].error or "two connections voted prepared for it"
+            state.settle(key, state.votes[key])
             self._lock.notify_all()
             return vote, f"{key[0]} {key[1]}: already voted on another connection"
         if lease is not None and (state.epoch, state.attempt, key[0], lease) not in connection.leases:
             return vote, f"{key[0]}: id {lease} was not leased on this connection"
         state.votes[key] = vote
+        state.settle(key, vote)
         self._lock.notify_all()
         return vote, ""
 
@@ -418,8 +440,10 @@ class Coordinator:
         vote.committed = op == "committed"
         if op == "commit_failed":
             vote.error = str(request.get("error", ""))[:500]
+        state.settle(key, vote)
         self._free(state, vote.sink, vote.lease)
-        self._lock.notify_all()
+        if state.problems or not state.uncommitted:  # wake the driver only when its wait can end
+            self._lock.notify_all()
         return {"ok": True}
 
     def _lease(self, state: AttemptState, connection: _Connection, request: dict[str, Any]) -> dict[str, Any]:
@@ -433,7 +457,12 @@ class Coordinator:
         free = [n for n in range(pool.size) if n not in pool.busy]
         unowned = [n for n in free if n not in pool.owner]
         if not free:
-            if state.new_ids + self.grow_step > self.max_new_ids:
+            # Double the pool (at least grow_step): each growth is a control-log transaction written
+            # here on the loop, with every lease waiting behind it (256 slots x 4 sinks from empty
+            # pools: 256 growths of 4, 3.5 s); doubling records a few per sink and never more than
+            # twice what was busy at once. Within the attempt's allowance, else grow_step or refuse.
+            step = max(self.grow_step, min(pool.size, self.max_new_ids - state.new_ids))
+            if state.new_ids + step > self.max_new_ids:
                 self._warn("lease", f"refused a lease for {sink} from {connection.peer}: the attempt added "
                            f"{state.new_ids} ids already")  # fmt: skip
                 return {
@@ -441,12 +470,12 @@ class Coordinator:
                     f"ids to the pools, the most one attempt may add (max_new_ids: {self.max_new_ids}); recovery "
                     "fences every id ever used, so the pools do not grow without bound"
                 }
-            grown = {**self._sizes(), sink: pool.size + self.grow_step}
+            grown = {**self._sizes(), sink: pool.size + step}
             if self.on_grow is not None:
                 self.on_grow(grown)  # durable before any new id is used; raises if fenced
-            free = list(range(pool.size, pool.size + self.grow_step))
-            pool.size += self.grow_step
-            state.new_ids += self.grow_step
+            free = list(range(pool.size, pool.size + step))
+            pool.size += step
+            state.new_ids += step
             unowned = free
         number = (unowned or free)[0]
         pool.owner[number] = worker
@@ -458,6 +487,8 @@ class Coordinator:
     ) -> dict[str, Any]:  # fmt: skip
         pool.busy.add(number)
         state.leases[(sink, number)] = pool
+        if len(connection.leases) > 64:  # a kept connection lives for the run: forget attempts no longer kept
+            connection.leases = {lease for lease in connection.leases if lease[:2] in self._attempts}
         connection.leases.add((state.epoch, state.attempt, sink, number))
         return {"number": number, "fresh": fresh, "stale": stale}
 
