@@ -32,6 +32,7 @@ PARTS = (
     latency.skew,
     throughput.cluster,
     peers.postgres,
+    epochs.costmodel,
     profiles.profiles,
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.report.tables import n, opening, span, table
+from bench.report.tables import n, opening, span, table, titled
 from bench.runs import ALO, EO
 from bench.sections.protocol import PHASES
 from bench.stats import by_round, summarize
@@ -160,3 +160,12 @@ def _broker_cpu_per_epoch(results: dict[str, Any]) -> float | None:
         if "cpu" in a and "cpu" in b
     ]
     return summarize(diffs).median if diffs else None
+
+
+@titled("costmodel", "13. Cost model: slots, sinks, partitions, pools")
+def costmodel(section: dict[str, Any], results: dict[str, Any]) -> list[str]:
+    """The cost model's figures and fitted lines (bench/sections/costmodel.py renders them; the
+    projection and the first bottleneck are argued in docs/SCALING.md)."""
+    from bench.sections.costmodel import render
+
+    return [*render(section), "", "The model's projection to a 64-executor cluster: docs/SCALING.md.", ""]
