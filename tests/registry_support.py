@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import datetime
 import http.client
 import http.server
-import ipaddress
 import os
 import shutil
 import signal
@@ -143,45 +141,16 @@ class TestCA:
 
 
 def make_ca(folder: Path) -> TestCA:
-    """A CA and a server certificate signed by it, made now (valid for a day)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    """A CA and a server certificate signed by it, made now (valid for a day: eos_ops.tls)."""
+    from eos_ops.tls import CertificateAuthority
 
-    now = datetime.datetime.now(datetime.UTC)
-
-    def name(text: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text)])
-
-    def certificate(subject: str, key, issuer: str, issuer_key, ca: bool, sans: list | None = None):
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(name(subject))
-            .issuer_name(name(issuer))
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        return builder.sign(issuer_key, hashes.SHA256())
-
-    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca = certificate("eos test CA", ca_key, "eos test CA", ca_key, ca=True)
-    sans = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    server = certificate("127.0.0.1", server_key, "eos test CA", ca_key, ca=False, sans=sans)
+    ca = CertificateAuthority("eos test CA", valid_days=1)
+    key_pem, cert_pem = ca.issue(("127.0.0.1", "localhost"), "127.0.0.1")
     folder.mkdir(parents=True, exist_ok=True)
     tls = TestCA(folder / "ca.pem", folder / "server.pem", folder / "server-key.pem")
-    tls.ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    tls.cert_file.write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    tls.key_file.write_bytes(
-        server_key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
+    tls.ca_file.write_bytes(ca.cert_pem)
+    tls.cert_file.write_bytes(cert_pem)
+    tls.key_file.write_bytes(key_pem)
     return tls
 
 

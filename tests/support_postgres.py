@@ -10,10 +10,7 @@ take its place.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from eos_ops.localpg import LocalPostgres, ServerTls, free_port
@@ -55,100 +52,30 @@ def session_server(dsn: str) -> LocalPostgres:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
 class CertificateAuthority:
-    cert_file: Path  # PEM: what a client's sslrootcert names
-    key: object  # its private key (cryptography), to sign server certificates
-    name: str
+    """A test CA (eos_ops.tls.CertificateAuthority) whose certificate is a file a client's
+    `sslrootcert` can name."""
+
+    def __init__(self, folder: Path, name: str = "eos test CA"):
+        from eos_ops.tls import CertificateAuthority as Authority
+
+        self.authority = Authority(name, valid_days=1)
+        self.name = name
+        folder.mkdir(parents=True, exist_ok=True)
+        self.cert_file = folder / "ca.crt"
+        self.cert_file.write_bytes(self.authority.cert_pem)
 
     def issue(self, folder: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> ServerTls:
         """A server certificate for `hosts` (IP addresses and DNS names), signed by this CA."""
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-        ca_cert = x509.load_pem_x509_certificate(self.cert_file.read_bytes())
-        key = _new_key()
-        names: list[x509.GeneralName] = []
-        for host in hosts:
-            try:
-                names.append(x509.IPAddress(ipaddress.ip_address(host)))
-            except ValueError:
-                names.append(x509.DNSName(host))
-        cert = (
-            _builder(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]), ca_cert.subject, key)
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(self.key, hashes.SHA256())  # type: ignore[arg-type]
-        )
+        key_pem, cert_pem = self.authority.issue(hosts, hosts[0])
         folder.mkdir(parents=True, exist_ok=True)
         cert_file, key_file = folder / "server.crt", folder / "server.key"
-        cert_file.write_bytes(_pem(cert))
+        cert_file.write_bytes(cert_pem)
         key_file.touch(mode=0o600)
-        key_file.write_bytes(_pem_key(key))
+        key_file.write_bytes(key_pem)
         return ServerTls(cert_file, key_file)
 
 
 def make_ca(folder: Path, name: str = "eos test CA") -> CertificateAuthority:
-    """A new self-signed CA (EC P-256, valid a day) whose certificate is written to folder/ca.crt."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.x509.oid import NameOID
-
-    key = _new_key()
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    cert = (
-        _builder(subject, subject, key)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_ca_key_usage(), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    folder.mkdir(parents=True, exist_ok=True)
-    cert_file = folder / "ca.crt"
-    cert_file.write_bytes(_pem(cert))
-    return CertificateAuthority(cert_file, key, name)
-
-
-def _ca_key_usage():
-    from cryptography import x509
-
-    flags = dict.fromkeys(
-        ("digital_signature", "content_commitment", "key_encipherment", "data_encipherment", "key_agreement",
-         "encipher_only", "decipher_only"),
-        False,
-    )  # fmt: skip
-    return x509.KeyUsage(key_cert_sign=True, crl_sign=True, **flags)
-
-
-def _new_key():
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _builder(subject, issuer, key):
-    from cryptography import x509
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    return (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-    )
-
-
-def _pem(cert) -> bytes:
-    from cryptography.hazmat.primitives.serialization import Encoding
-
-    return cert.public_bytes(Encoding.PEM)
-
-
-def _pem_key(key) -> bytes:
-    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
-
-    return key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    """A new CA (EC P-256, valid a day) whose certificate is written to folder/ca.crt."""
+    return CertificateAuthority(folder, name)

@@ -16,6 +16,7 @@ import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # The local broker listens on loopback; librdkafka and Kafka's Java clients both check the broker's
 # name (ssl.endpoint.identification.algorithm=https by default) against these.
@@ -67,62 +68,88 @@ def write_private(path: Path, data: bytes | str) -> None:
         out.write(raw)
 
 
+class CertificateAuthority:
+    """A CA made in memory (EC P-256), which signs certificates for names (IP addresses and DNS
+    names). Its key never touches a disk: once it is dropped, no one can mint another certificate it
+    vouches for. The local secured broker, and the tests' TLS servers (PostgreSQL, the schema
+    registry's proxy), all get their certificates from one."""
+
+    def __init__(self, common_name: str, valid_days: int = VALID_DAYS):
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        self.valid_days = valid_days
+        self._key = ec.generate_private_key(ec.SECP256R1())  # P-256: a key in microseconds (RSA ~0.1 s)
+        self.name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+        usage = {name: False for name in _KEY_USAGES} | {"key_cert_sign": True, "crl_sign": True}
+        self.cert = (
+            self._builder(self.name, self._key.public_key())
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(**usage), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False)
+            .sign(self._key, hashes.SHA256())
+        )
+
+    def _builder(self, subject: Any, public_key: Any) -> Any:
+        from cryptography import x509
+
+        now = datetime.datetime.now(datetime.timezone.utc)
+        return (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(self.name)
+            .public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=self.valid_days))
+        )
+
+    @property
+    def cert_pem(self) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    def issue(self, names: tuple[str, ...], common_name: str, client: bool = False) -> tuple[bytes, bytes]:
+        """(the new key as unencrypted PKCS#8 PEM, its certificate as PEM) for a server at `names`; a
+        `client` certificate serves both ends (a broker is the client of its peers)."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        alternatives: list[x509.GeneralName] = []
+        for name in names:
+            try:
+                alternatives.append(x509.IPAddress(ipaddress.ip_address(name)))
+            except ValueError:
+                alternatives.append(x509.DNSName(name))
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH, *([ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])]
+        cert = (
+            self._builder(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]), key.public_key())
+            .add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()), critical=False)
+            .sign(self._key, hashes.SHA256())
+        )
+        pem = serialization.Encoding.PEM
+        key_pem = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        return key_pem, cert.public_bytes(pem)
+
+
 def make_broker_tls(folder: Path, names: tuple[str, ...] = LOOPBACK_NAMES) -> BrokerTls:
     """The CA and the broker certificate in `folder`, made once (an existing pair is kept: clients
     already trust its CA)."""
     tls = BrokerTls(private_folder(folder))
     if tls.exists():
         return tls
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    ca_usage = {name: False for name in _KEY_USAGES} | {"key_cert_sign": True, "crl_sign": True}
     now = datetime.datetime.now(datetime.timezone.utc)
-    start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=VALID_DAYS)
-    # P-256: a key is made in microseconds (an RSA key takes ~0.1 s) and every TLS stack here reads it.
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"eos local Kafka CA {now:%Y-%m-%d %H:%M:%S}")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(**ca_usage), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    alternatives: list[x509.GeneralName] = []
-    for name in names:
-        try:
-            alternatives.append(x509.IPAddress(ipaddress.ip_address(name)))
-        except ValueError:
-            alternatives.append(x509.DNSName(name))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "eos local Kafka broker")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        # Server and client: a broker is the client of its peers (inter-broker and controller links).
-        .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
-        )
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    key_pem = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    write_private(tls.keystore, key_pem + cert.public_bytes(pem) + ca.public_bytes(pem))
-    write_private(tls.ca_file, ca.public_bytes(pem))
+    ca = CertificateAuthority(f"eos local Kafka CA {now:%Y-%m-%d %H:%M:%S}")
+    key_pem, cert_pem = ca.issue(names, "eos local Kafka broker", client=True)
+    write_private(tls.keystore, key_pem + cert_pem + ca.cert_pem)
+    write_private(tls.ca_file, ca.cert_pem)
     return tls
