@@ -4,10 +4,7 @@ lingering prepared transactions."""
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import sys
-import uuid
 from pathlib import Path
 
 
@@ -78,38 +75,19 @@ def cmd_postgres_dsn(args: argparse.Namespace) -> int:
 def cleanup(path: Path, take_over: bool = False) -> int:
     """Resolve a stopped pipeline's prepared transactions by its recorded decision, as recovery
     does: commit the ones the last decision commits, roll back every other one. Refused while the
-    pipeline's driver answers (eos.runner.take_over); otherwise this command takes the pipeline
+    pipeline's driver answers (eos.driver.take_over); otherwise this command takes the pipeline
     over (fencing every earlier driver, so none can record a decision behind its back)."""
     import psycopg
 
-    from eos.config import load_pipeline
-    from eos.driver import take_over as take_pipeline_over
-    from eos.errors import ConfigError, EnvironmentProblem
-    from eos.pipeline import connectors, pipeline_info
-    from eos.protocol.checkpoint import Checkpoint
-    from eos.protocol.decision import DriverInfo
+    from eos.errors import EnvironmentProblem
     from eos_connectors.postgres.db import first_line
     from eos_connectors.postgres.sink import PostgresSink, prepared_xacts, resolve_prepared
+    from eos_ops.stopped import taken_over
 
-    config = load_pipeline(path)
-    base_dir = path.resolve().parent
-    if not config.exactly_once:
-        raise ConfigError(f"{path}: pipeline {config.name} runs at-least-once: it prepares no transactions")
-    meta = Checkpoint(config.checkpoint_path(base_dir)).read_meta()
-    found = connectors(config, pipeline_info(config, meta.checkpoint_id if meta else "-", base_dir))
-    sinks = [s for s in found.sinks if isinstance(s, PostgresSink)]
-    if not sinks:
-        raise ConfigError(f"{path}: pipeline {config.name} has no postgres sink")
-    control = found.sources[0].control_log()
-    try:
-        # No vote service: the address answers nobody, so the next `eos run` is never refused.
-        me = DriverInfo(f"cleanup-{uuid.uuid4().hex[:8]}", socket.gethostname(), os.getpid(), "127.0.0.1:0")
-        state = take_pipeline_over(control, me, take_over)
-        decision = state.decision
-        said = f"epoch {decision.epoch} attempt {decision.attempt}" if decision else "none"
-        print(f"pipeline {config.name}: took over from the last driver; recorded decision: {said}")
+    with taken_over(path, PostgresSink, "prepares no transactions", take_over) as stopped:
+        config, decision = stopped.config, stopped.decision
         groups: dict[str, list[PostgresSink]] = {}
-        for sink in sinks:
+        for sink in stopped.sinks:
             groups.setdefault(sink.system(), []).append(sink)
         total = 0
         for system, group in groups.items():
@@ -131,10 +109,6 @@ def cleanup(path: Path, take_over: bool = False) -> int:
             total += len(done)
         print(f"done: {total} prepared transactions resolved")
         return 0
-    finally:
-        control.close()
-        for sink in sinks:
-            sink.close()
 
 
 def cmd_postgres_cleanup(args: argparse.Namespace) -> int:
