@@ -73,7 +73,7 @@ def fence_and_read_ledger(path: Path) -> dict:
     """What recovery does before reading the ledger (fence every transactional id of the stopped
     pipeline, resolve prepared transactions), then the ledger: for tests that inspect it while a
     pre-committed transaction may still hold the ledger topic's last stable offset."""
-    from eos.pipeline import connectors, pipeline_info
+    from eos.declared import connectors, pipeline_info
     from eos.protocol import recovery
     from eos.protocol.checkpoint import Checkpoint
 

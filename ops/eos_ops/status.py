@@ -41,9 +41,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from eos.config import PipelineConfig
+from eos.declared import Connectors, connectors, pipeline_info
 from eos.errors import CheckpointError, EosError
 from eos.observe.lag import committed_lines, source_lag
-from eos.pipeline import Connectors, connectors, pipeline_info
 from eos.protocol import recovery
 from eos.protocol.channel import Liveness, ping
 from eos.protocol.checkpoint import Checkpoint, CheckpointMeta, is_local

@@ -23,8 +23,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from eos.cli import main as eos_main
 from eos.config import load_pipeline
+from eos.declared import connectors, pipeline_info
 from eos.errors import ConfigError, Permanent, SlotAborted
-from eos.pipeline import connectors, pipeline_info
 from eos.protocol.ledger import LedgerEntry
 from eos_connectors.delta import ledger, staging
 from eos_connectors.delta import sink as delta_sink

@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from eos.config import load_pipeline
+from eos.declared import connectors, pipeline_info
 from eos.observe.metrics import EPOCH_PHASES, PipelineMetrics, PipelineShape, series_names, start_metrics_server
-from eos.pipeline import connectors, pipeline_info
 from eos.protocol import recovery
 from eos.protocol.checkpoint import Checkpoint
 from eos.protocol.report import EpochListener

@@ -45,8 +45,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from eos.cli import main as eos_main
 from eos.config import load_pipeline, parse_pipeline
+from eos.declared import connectors, pipeline_info, replay_config
 from eos.model import redacted
-from eos.pipeline import connectors, pipeline_info, replay_config
 from eos.protocol.plan import digest
 from eos_connectors.kafka.control import KafkaControlLog
 from eos_connectors.kafka.reader import ReaderOptions

@@ -28,8 +28,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from eos.cli import main as eos_main
 from eos.config import load_pipeline
+from eos.declared import connectors, pipeline_info
 from eos.errors import ConfigError, EnvironmentProblem, Permanent
-from eos.pipeline import connectors, pipeline_info
 from eos.protocol.decision import Decision, DriverInfo
 from eos_connectors.postgres import ids, ledger
 from eos_connectors.postgres.sink import prepared_xacts

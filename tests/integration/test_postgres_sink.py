@@ -22,9 +22,9 @@ from psycopg.conninfo import conninfo_to_dict
 
 from eos.cli import main as eos_main
 from eos.config import load_pipeline, parse_pipeline
+from eos.declared import connectors, pipeline_info
 from eos.errors import CheckpointError, ConfigError
 from eos.model import redacted
-from eos.pipeline import connectors, pipeline_info
 from eos.protocol.coordinator import Coordinator
 from eos.protocol.decision import Decision, DriverInfo
 from eos_connectors.postgres import ids

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from eos.config import parse_pipeline
-from eos.pipeline import connectors, pipeline_info
+from eos.declared import connectors, pipeline_info
 from eos_connectors.kafka.clients import CONSUMER_ONLY, PRODUCER_ONLY, principal, settings_for
 from eos_ops.java_client import NoJavaEquivalent, java_properties
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from eos.cli import build_parser
 from eos.config import parse_pipeline
-from eos.pipeline import connectors, pipeline_info
+from eos.declared import connectors, pipeline_info
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 

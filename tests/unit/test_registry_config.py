@@ -9,8 +9,8 @@ import json
 import pytest
 
 from eos.config import parse_pipeline, redacted
+from eos.declared import connectors, pipeline_info, replay_config
 from eos.errors import ConfigError
-from eos.pipeline import connectors, pipeline_info, replay_config
 from eos.protocol.plan import digest
 from eos.runner import describe_plan
 

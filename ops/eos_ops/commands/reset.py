@@ -23,9 +23,9 @@ from pathlib import Path
 
 def cmd_reset(args: argparse.Namespace) -> int:
     from eos.config import load_pipeline
+    from eos.declared import connectors, pipeline_info
     from eos.driver import take_over
     from eos.errors import ConfigError
-    from eos.pipeline import connectors, pipeline_info
     from eos.protocol import recovery
     from eos.protocol.checkpoint import DELETABLE, Checkpoint, is_local, unsafe_location
     from eos.protocol.decision import DriverInfo
