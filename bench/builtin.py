@@ -27,7 +27,7 @@ from bench.pipelines import PLAN_KEYS, run_spans
 from bench.procs import CpuMeter
 from eos.api import ERROR, POISON_COLUMNS, RAW_KEY, RAW_VALUE
 from eos.config import pipeline_from_yaml
-from eos.pipeline import load_function
+from eos.declared import load_function
 from eos.yamlsource import parse_yaml
 from eos_connectors.formats.avro import decode_codec, decode_udf, encode_codec, encode_with
 from eos_connectors.formats.decode import METADATA, decode_in_spark, source_view

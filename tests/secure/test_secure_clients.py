@@ -12,8 +12,8 @@ import pytest
 from confluent_kafka import KafkaException
 
 from eos.config import load_pipeline
+from eos.declared import Connectors, connectors, pipeline_info
 from eos.errors import EnvironmentProblem
-from eos.pipeline import Connectors, connectors, pipeline_info
 from eos.protocol.decision import DriverInfo
 from eos_connectors.kafka import ids
 from eos_connectors.kafka.clients import create_topic, producer
