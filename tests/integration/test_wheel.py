@@ -20,11 +20,15 @@ cache spares the download). `--no-compile` leaves the bytecode to the first impo
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
 import time
 from pathlib import Path
+
+import pytest
 
 from eos_connectors.kafka.clients import create_topic
 from eos_ops.jvm import free_port_run, pid_from_file, terminate
@@ -47,7 +51,16 @@ def run(cmd: list[str | Path], timeout: float, **kwargs) -> subprocess.Completed
     return done
 
 
+@pytest.mark.slow
 def test_a_wheel_installed_in_a_fresh_virtualenv_works(tmp_path, bootstrap, admin, unique_name):
+    try:
+        check_the_installed_wheel(tmp_path, bootstrap, admin, unique_name)
+    finally:  # ~1 GB: not kept in pytest's last three temporary folders
+        shutil.rmtree(tmp_path / "venv", ignore_errors=True)
+        shutil.rmtree(tmp_path / "eos-home", ignore_errors=True)
+
+
+def check_the_installed_wheel(tmp_path: Path, bootstrap: str, admin, unique_name) -> None:
     timings: dict[str, float] = {}
     started = time.monotonic()
 
@@ -80,10 +93,19 @@ def test_a_wheel_installed_in_a_fresh_virtualenv_works(tmp_path, bootstrap, admi
     env.update(PATH=f"{venv / 'bin'}:{env['PATH']}", EOS_HOME=str(home), BROKERS=bootstrap, SPARK_SUBMIT_OPTS=BASE_OPTS)
 
     def eos(*args: str, timeout: float = 120, path: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [str(venv / "bin" / "eos"), *args], capture_output=True, text=True, cwd=work, timeout=timeout,
-            env={**env, "PATH": path} if path else env,
+        """The installed `eos` in a process group of its own: on a timeout, its Spark JVM goes too."""
+        cmd = [str(venv / "bin" / "eos"), *args]
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work,
+            env={**env, "PATH": path} if path else env, start_new_session=True,
         )  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise AssertionError(f"{' '.join(cmd)} did not finish in {timeout} s:\n{(out + err)[-4000:]}") from None
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
     version = eos("--version")
     assert version.returncode == 0 and version.stdout.strip() == f"eos {wheel.name.split('-')[1]}", version
