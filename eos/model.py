@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, WithJsonSchema
 
 # Names that end up in topic names, transactional ids and SQL views. `/` never appears in a name:
 # eos uses it as the separator of the ids it builds, so no two names can produce the same id.
@@ -74,7 +74,18 @@ class Model(BaseModel):
             yield name, shown if isinstance(shown, BaseModel) else redacted(shown, name or "")
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
+# What the pipeline file's JSON Schema (`eos schema`) says a duration is: what parse_duration takes,
+# a number of seconds or a number with a unit. JSON Schema patterns have no flag for case, so each
+# letter of a unit is a class of its two cases.
+_UNIT_PATTERN = "|".join("".join(f"[{c}{c.upper()}]" for c in unit) for unit in sorted(_UNITS, key=len, reverse=True))
+DURATION_SCHEMA = {
+    "anyOf": [
+        {"type": "number", "minimum": 0},
+        {"type": "string", "pattern": rf"^\s*\d+(\.\d+)?\s*({_UNIT_PATTERN})\s*$"},
+    ],
+    "description": "seconds, or a number with a unit: 500ms, 2s, 1m, '1 minute', 1h",
+}
+Duration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(DURATION_SCHEMA, mode="validation")]
 
 
 def masked_text(text: str) -> str:

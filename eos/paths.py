@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-REPO_DIR = PACKAGE_DIR.parent
+REPO_DIR = PACKAGE_DIR.parent  # a source checkout (also under an editable install); installed: site-packages
 
 
 def eos_home() -> Path:
@@ -17,23 +17,28 @@ def eos_home() -> Path:
     return Path(base).expanduser().resolve() / "eos"
 
 
-def _first_existing(*candidates: Path) -> Path:
-    for candidate in candidates:
-        if candidate.exists():
-            return candidate
-    return candidates[0]
+def _data(name: str) -> Path:
+    """The folder `name` (ops, schemas, examples) of eos's data files: inside the package when eos
+    is installed from a wheel (eos/_ops, eos/_schemas, eos/_examples), else the checkout's.
+
+    The package's copy comes first: installed, the folder beside the package is site-packages,
+    where another distribution's top-level `ops` package (Canonical's charm framework, say) or
+    `examples` folder may live, and must not be taken for eos's."""
+    packaged = PACKAGE_DIR / f"_{name}"
+    return packaged if packaged.is_dir() else REPO_DIR / name
 
 
 def ops_dir() -> Path:
-    """`ops/` of a source checkout; a wheel carries ops/kafka as eos/_ops."""
+    """ops/ (the local servers' poms and settings); $EOS_OPS_DIR overrides it."""
     if os.environ.get("EOS_OPS_DIR"):
         return Path(os.environ["EOS_OPS_DIR"]).resolve()
-    return _first_existing(REPO_DIR / "ops", PACKAGE_DIR / "_ops")
+    return _data("ops")
 
 
 def schemas_dir() -> Path:
-    return _first_existing(REPO_DIR / "schemas", PACKAGE_DIR / "_schemas")
+    """schemas/ (the demo's and examples' Avro schemas)."""
+    return _data("schemas")
 
 
 def examples_dir() -> Path:
-    return _first_existing(REPO_DIR / "examples", PACKAGE_DIR / "_examples")
+    return _data("examples")

@@ -86,16 +86,22 @@ def _registry(value: Any) -> Any:
     return {"url": value} if isinstance(value, str) else value
 
 
+# `registry: URL` is short for `registry: {url: URL}`, and `value_format: json` for `value_format:
+# {type: json}`; json_schema_input_type tells the pipeline file's JSON Schema (`eos schema`) so.
+Registry = Annotated[RegistryConfig, BeforeValidator(_registry, json_schema_input_type=str | RegistryConfig)]
+FormatType = Literal["raw", "string", "json", "csv", "avro"]
+
+
 class FormatConfig(Model):
     """Raw bytes, UTF-8 string, JSON, CSV or Avro."""
 
-    type: Literal["raw", "string", "json", "csv", "avro"] = "raw"
+    type: FormatType = "raw"
     # json, csv: a Spark DDL string ("id STRING, amount DOUBLE") or an .avsc file; avro: an .avsc file
     schema_file: str | None = Field(None, alias="schema")
     reader_schema: str | None = None  # avro: the schema to read as (evolution)
     # Schema Registry URL or file:DIR, or {url, username, password | token, ca_file} (wire
     # format: magic byte + id)
-    registry: Annotated[RegistryConfig, BeforeValidator(_registry)] | None = None
+    registry: Registry | None = None
     subject: str | None = None
 
     @model_validator(mode="after")
@@ -117,5 +123,8 @@ class FormatConfig(Model):
         return bool(self.schema_file or self.registry)
 
 
-# `value_format: json` is short for `value_format: {type: json}`.
-Format = Annotated[FormatConfig, BeforeValidator(lambda v: {"type": v} if isinstance(v, str) else v)]
+def _format(value: Any) -> Any:
+    return {"type": value} if isinstance(value, str) else value
+
+
+Format = Annotated[FormatConfig, BeforeValidator(_format, json_schema_input_type=FormatType | FormatConfig)]
