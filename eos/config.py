@@ -19,12 +19,22 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, Discriminator, Field, PrivateAttr, Tag, ValidationError, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    ValidationError,
+    WithJsonSchema,
+    create_model,
+    field_validator,
+)
 from pydantic import model_validator as _model_validator
 
 from eos import registry
 from eos.errors import ConfigError
-from eos.model import NAME, VIEW, ClientValue, Duration, Model, parse_duration, redacted
+from eos.model import DURATION_SCHEMA, NAME, VIEW, ClientValue, Duration, Model, parse_duration, redacted
 from eos.protocol.sink import SinkEntry
 from eos.protocol.source import SourceEntry
 from eos.yamlsource import LoadedYaml, load_yaml, parse_yaml
@@ -56,11 +66,19 @@ class TransformConfig(Model):
         return self
 
 
+# An epoch's trigger: a duration, or available-now (for editors; eos parses it with parse_duration).
+TRIGGER_SCHEMA = {
+    "anyOf": [*DURATION_SCHEMA["anyOf"], {"const": "available-now"}],
+    "description": "the interval between epochs (500ms, 1s, 1 minute), or available-now: drain the input, then stop",
+}
+
+
 class EpochConfig(Model):
     """Epochs are Spark micro-batches; these are the checkpointing knobs."""
 
     mode: Literal["exactly-once", "at-least-once"] = "exactly-once"
-    trigger: str = "1s"  # a processing-time interval, or "available-now" (drain what exists, stop)
+    # a processing-time interval, or "available-now" (drain what exists, then stop)
+    trigger: Annotated[str, WithJsonSchema(TRIGGER_SCHEMA, mode="validation")] = "1s"
     min_pause: Duration = 0.0
     timeout: Duration = 300.0
     tolerable_failures: int = Field(3, ge=0)
