@@ -14,10 +14,10 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from eos import runnerforks, trusted
+from eos import runnerforks, sparklog, trusted
 from eos.errors import ConfigError, EnvironmentProblem
 from eos.model import is_secret
-from eos.paths import eos_home, ops_dir
+from eos.paths import eos_home
 
 # Measured when eos was designed: on a local filesystem this halves the fixed checkpoint cost per
 # micro-batch.
@@ -65,10 +65,8 @@ def default_conf(master: str, checkpoint: str | None = None) -> dict[str, str]:
         # on a worker that was done (eos/sparkdaemon.py).
         "spark.python.daemon.module": "eos.sparkdaemon",
     }
-    if os.environ.get("EOS_SPARK_LOG") != "verbose":
-        conf["spark.driver.extraJavaOptions"] = (
-            f"-Dlog4j2.configurationFile={ops_dir() / 'spark' / 'log4j2.properties'}"
-        )
+    if not sparklog.verbose():
+        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={sparklog.log_config_file()}"
     if checkpoint is None or is_local_path(checkpoint):
         conf["spark.sql.streaming.checkpointFileManagerClass"] = LOCAL_CHECKPOINT_FILE_MANAGER
     elif checkpoint.startswith("hdfs://"):
@@ -427,7 +425,15 @@ def build_spark(
     builder = SparkSession.builder.appName(app_name)
     for key, value in public.items():
         builder = builder.config(key, value)
-    with _off_the_command_line(secret):
+    quiet = not sparklog.verbose()
+    if quiet and not launches:
+        # spark-submit's JVM runs Spark's default log profile: eos's levels before the SparkContext
+        # starts (eos.sparklog). Joining the gateway is what getOrCreate would do first.
+        SparkContext._ensure_initialized()
+        sparklog.use_eos_levels(SparkContext._jvm)
+    # A JVM started here gets a stderr without the lines nobody can act on (eos.sparklog).
+    filtering = sparklog.filtered_stderr() if quiet and launches else contextlib.nullcontext()
+    with _off_the_command_line(secret), filtering:
         session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
