@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from eos import runnerforks, sparklog, trusted
+from eos import jvmstop, runnerforks, sparklog, trusted
 from eos.errors import ConfigError, EnvironmentProblem
 from eos.model import is_secret
 from eos.paths import eos_home
@@ -67,6 +67,9 @@ def default_conf(master: str, checkpoint: str | None = None) -> dict[str, str]:
     }
     if not sparklog.verbose():
         conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={sparklog.log_config_file()}"
+        # A JVM that runs already (spark-submit's) logs from INFO up until eos.sparklog loads eos's
+        # file into it: at least the SparkContext's start says only what matters.
+        conf["spark.log.level"] = "WARN"
     if checkpoint is None or is_local_path(checkpoint):
         conf["spark.sql.streaming.checkpointFileManagerClass"] = LOCAL_CHECKPOINT_FILE_MANAGER
     elif checkpoint.startswith("hdfs://"):
@@ -426,14 +429,15 @@ def build_spark(
     for key, value in public.items():
         builder = builder.config(key, value)
     quiet = not sparklog.verbose()
-    if quiet and not launches:
-        # spark-submit's JVM runs Spark's default log profile: eos's levels before the SparkContext
-        # starts (eos.sparklog). Joining the gateway is what getOrCreate would do first.
-        SparkContext._ensure_initialized()
-        sparklog.use_eos_levels(SparkContext._jvm)
     # A JVM started here gets a stderr without the lines nobody can act on (eos.sparklog).
     filtering = sparklog.filtered_stderr() if quiet and launches else contextlib.nullcontext()
     with _off_the_command_line(secret), filtering:
         session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    if quiet and not launches:
+        # spark-submit's JVM runs Spark's default log profile: eos's levels (eos.sparklog), once the
+        # SparkContext has started (Spark loads its profile again when the context starts).
+        sparklog.use_eos_levels(session.sparkContext._jvm)
+    # A SIGTERM or Ctrl-C that reaches the JVM stops eos's queries before the SparkContext (eos.jvmstop).
+    jvmstop.stop_eos_first(session)
     return session
