@@ -25,7 +25,12 @@ not die of SIGPIPE), and it exits as before, when the gateway's stdin closes. If
 goes away (a closed pipe), the thread keeps reading and drops what it reads: the JVM never waits
 on a full pipe.
 
-`eos -v` (EOS_SPARK_LOG=verbose) leaves both alone: Spark's own logging, every line.
+The driver's own Python side has one such traceback: PySpark's accumulator server (a thread of
+the driver that the JVM sends task results' accumulator updates to) prints "Exception occurred
+during processing of request" and an EOFError when the JVM hangs up on it before the driver
+closed it, which is how every stop that reaches the JVM ends (`quiet_accumulator_server`).
+
+`eos -v` (EOS_SPARK_LOG=verbose) leaves all of it alone: Spark's own logging, every line.
 """
 
 from __future__ import annotations
@@ -162,3 +167,18 @@ def use_eos_levels(jvm: Any) -> bool:
         return False
     context.setConfigLocation(jvm.java.net.URI(log_config_file().as_uri()))
     return True
+
+
+def quiet_accumulator_server(context: Any) -> None:
+    """PySpark's accumulator server of `context` (a socketserver) ends a connection the JVM closed
+    without printing its traceback; any other error it reports as before."""
+    server = getattr(context, "_accumulatorServer", None)
+    if server is None:
+        return
+    report = server.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], (EOFError, ConnectionError)):  # called inside `except`
+            report(request, client_address)
+
+    server.handle_error = handle_error

@@ -438,6 +438,8 @@ def build_spark(
         # spark-submit's JVM runs Spark's default log profile: eos's levels (eos.sparklog), once the
         # SparkContext has started (Spark loads its profile again when the context starts).
         sparklog.use_eos_levels(session.sparkContext._jvm)
+    if quiet:
+        sparklog.quiet_accumulator_server(session.sparkContext)
     # A SIGTERM or Ctrl-C that reaches the JVM stops eos's queries before the SparkContext (eos.jvmstop).
     jvmstop.stop_eos_first(session)
     return session

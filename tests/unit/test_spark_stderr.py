@@ -108,3 +108,35 @@ def test_a_closed_stderr_never_blocks_the_jvm():
     os.close(jvm_w)
     forwarding.join(5)
     assert not forwarding.is_alive()
+
+
+def test_the_accumulator_server_ends_a_closed_connection_quietly(capfd):
+    """PySpark's accumulator server (real, on loopback): a JVM that hangs up mid-message printed
+    "Exception occurred during processing of request" and an EOFError traceback; quiet, it does
+    not, and still reports any other error."""
+    import socket
+    from types import SimpleNamespace
+
+    from pyspark.accumulators import _start_update_server
+
+    from eos.sparklog import quiet_accumulator_server
+
+    def hang_up(server, message: bytes) -> str:
+        with socket.create_connection(server.server_address[:2]) as conn:
+            conn.sendall(message)
+        time.sleep(1.5)  # the server polls its connections every second
+        return capfd.readouterr().err
+
+    token = "t" * 16
+    loud = _start_update_server(token, False)
+    quiet = _start_update_server(token, False)
+    try:
+        assert "EOFError" in hang_up(loud, token.encode())  # authenticated, then nothing: EOF
+        quiet_accumulator_server(SimpleNamespace(_accumulatorServer=quiet))
+        assert hang_up(quiet, token.encode()) == ""
+        assert "ValueError" in hang_up(quiet, b"x" * 16)  # a wrong token is still reported
+    finally:
+        for server in (loud, quiet):
+            server.server_shutdown = True
+            server.shutdown()
+            server.server_close()
