@@ -19,6 +19,12 @@ A JVM eos starts gets a pipe as its stderr (`filtered_stderr`, around the gatewa
 thread of the driver forwards everything else to eos's stderr, line by line. A traceback is held
 until its last line says what it was (at most half a second, then it is written as it is).
 
+Under spark-submit the JVM started before eos, with the user's stderr, and printed the
+incubator warning already; the daemons' tracebacks are still to come. There eos points the JVM's
+`System.err` at the same kind of pipe (`filter_system_err`, over py4j, before any Python data
+source runs), and the thread writes what it keeps to the JVM's own stderr (Linux: through
+/proc; elsewhere the JVM's stderr stays as it is).
+
 If the driver dies first, the pipe has no reader left (no other process holds it: the read end
 is never inherited), so the JVM's writes fail at once with EPIPE, which the JVM ignores (it does
 not die of SIGPIPE), and it exits as before, when the gateway's stdin closes. If eos's own stderr
@@ -138,14 +144,20 @@ def _forward(read_fd: int, out_fd: int) -> None:
         os.close(out_fd)
 
 
+def _start_filter(out_fd: int) -> int:
+    """A pipe whose lines the filter thread writes to `out_fd` (it owns it); returns the write end
+    (not inheritable: no child process ever holds the read end)."""
+    read_fd, write_fd = os.pipe()
+    threading.Thread(target=_forward, args=(read_fd, out_fd), name="eos-spark-stderr", daemon=True).start()
+    return write_fd
+
+
 @contextlib.contextmanager
 def filtered_stderr() -> Iterator[None]:
     """While the body runs, this process's fd 2 is a pipe to a filtering thread (see the module
     doc); a process started meanwhile (the gateway JVM) keeps the pipe as its stderr for life."""
     sys.stderr.flush()
-    out_fd = os.dup(2)  # the stderr of this moment, where the thread writes for the JVM's life
-    read_fd, write_fd = os.pipe()  # not inheritable: no child process ever holds the read end
-    threading.Thread(target=_forward, args=(read_fd, out_fd), name="eos-spark-stderr", daemon=True).start()
+    write_fd = _start_filter(os.dup(2))  # to the stderr of this moment, for the JVM's life
     saved = os.dup(2)
     os.dup2(write_fd, 2)  # inheritable: the JVM's stderr
     os.close(write_fd)
@@ -182,3 +194,22 @@ def quiet_accumulator_server(context: Any) -> None:
             report(request, client_address)
 
     server.handle_error = handle_error
+
+
+def filter_system_err(jvm: Any) -> bool:
+    """In a JVM eos did not start (spark-submit's), on Linux: `System.err` through the filter, to
+    the JVM's own stderr. Returns whether it could."""
+    own_stderr = f"/proc/{jvm.java.lang.ProcessHandle.current().pid()}/fd/2"
+    try:
+        out_fd = os.open(own_stderr, os.O_WRONLY | os.O_APPEND)  # append: a file keeps what it has
+    except OSError:
+        return False
+    write_fd = _start_filter(out_fd)
+    try:
+        stream = jvm.java.io.FileOutputStream(f"/proc/{os.getpid()}/fd/{write_fd}")
+        jvm.java.lang.System.setErr(jvm.java.io.PrintStream(stream, True))
+    except Exception:
+        os.close(write_fd)  # the thread ends, and closes out_fd
+        return False
+    os.close(write_fd)  # the JVM opened its own
+    return True

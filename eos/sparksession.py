@@ -435,8 +435,10 @@ def build_spark(
         session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     if quiet and not launches:
-        # spark-submit's JVM runs Spark's default log profile: eos's levels (eos.sparklog), once the
-        # SparkContext has started (Spark loads its profile again when the context starts).
+        # spark-submit's JVM: its stderr through eos's filter from now on, and eos's log levels
+        # instead of Spark's default profile, once the SparkContext has started (Spark loads its
+        # profile again when the context starts) (eos.sparklog).
+        sparklog.filter_system_err(session.sparkContext._jvm)
         sparklog.use_eos_levels(session.sparkContext._jvm)
     if quiet:
         sparklog.quiet_accumulator_server(session.sparkContext)
