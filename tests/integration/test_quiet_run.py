@@ -174,3 +174,23 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_eos_v_shows_every_line_of_the_jvm(tmp_path):
+    """`eos -v` (EOS_SPARK_LOG=verbose): no filter, the JVM writes to the driver's stderr itself."""
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "EOS_SPARK_LOG": "verbose"}
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, cwd=ROOT, env=env, start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
+    facts = json.loads(proc.stdout.readline() or "{}")
+    assert facts and [facts["me"], "read"] not in facts["holders"], facts
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    assert proc.wait(60) == -signal.SIGKILL
+    stderr = proc.stderr.read()  # ends when the JVM, which holds it, has exited
+    assert "WARNING: Using incubator modules: jdk.incubator.vector\n" in stderr, stderr
+    assert "from the JVM: kept\n" in stderr and "from the JVM: kept too\n" in stderr, stderr
