@@ -5,8 +5,9 @@ Log levels: ops/spark/log4j2.properties (warnings and errors, without those eos 
 or that are normal). A JVM eos starts reads it from the start (spark.driver.extraJavaOptions,
 eos.sparksession.default_conf). Under spark-submit the JVM ran before eos, with Spark's default
 profile (everything from INFO up) unless the user configured log4j; eos then loads its file into
-that JVM's log4j at run time, before it creates the SparkContext (`use_eos_levels`). A logging
-configuration of the user's own is left as it is.
+that JVM's log4j at run time (`use_eos_levels`), once the SparkContext has started: Spark loads
+its default profile again as the context starts (`spark.log.level` WARN keeps that start short).
+A logging configuration of the user's own is left as it is.
 
 Stderr: the JVM also writes lines outside log4j that say nothing a user can act on:
 - the JDK's "WARNING: Using incubator modules: jdk.incubator.vector", at every start (Spark's
