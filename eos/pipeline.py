@@ -135,6 +135,11 @@ class Pipeline:
         self._systems_checked = False  # a front end's pre-flight checked every system a moment ago
         self.transforms: list[Any] = []  # a pipeline file's transforms (eos.yamlpipeline), for the replay config
         if spark is not None:
+            # A SIGTERM or Ctrl-C that reaches your JVM stops the pipeline's query first, at an
+            # epoch's end, before Spark stops its context (eos.jvmstop; eos's own sessions have it).
+            from eos import jvmstop
+
+            jvmstop.stop_eos_first(spark)
             self.spark = spark.newSession()
         else:
             from eos.sparksession import build_spark

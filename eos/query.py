@@ -16,6 +16,7 @@ import logging
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,14 @@ from eos.protocol.committer import EpochCommitter
 from eos.protocol.report import EpochListener
 
 log = logging.getLogger("eos.query")
+
+# Started and not ended yet, in this process: what a JVM shutdown stops first (eos.jvmstop).
+_running: weakref.WeakSet[EosQuery] = weakref.WeakSet()
+
+
+def running() -> list[EosQuery]:
+    return list(_running)
+
 
 STOP_MARKER = "eos graceful stop"
 
@@ -88,6 +97,8 @@ class EosQuery:
         self._done = query is None
         self._error: EosError | None = None
         self._stopping = False
+        if not self._done:
+            _running.add(self)
 
     # -- PySpark's StreamingQuery, by name ---------------------------------------------------
     @property
@@ -205,6 +216,7 @@ class EosQuery:
                 return
             self._done = True
             self._error = error
+            _running.discard(self)
             try:
                 self._on_end(self._query)
             except Exception:

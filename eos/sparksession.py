@@ -14,10 +14,10 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from eos import runnerforks, trusted
+from eos import jvmstop, runnerforks, sparklog, trusted
 from eos.errors import ConfigError, EnvironmentProblem
 from eos.model import is_secret
-from eos.paths import eos_home, ops_dir
+from eos.paths import eos_home
 
 # Measured when eos was designed: on a local filesystem this halves the fixed checkpoint cost per
 # micro-batch.
@@ -65,10 +65,11 @@ def default_conf(master: str, checkpoint: str | None = None) -> dict[str, str]:
         # on a worker that was done (eos/sparkdaemon.py).
         "spark.python.daemon.module": "eos.sparkdaemon",
     }
-    if os.environ.get("EOS_SPARK_LOG") != "verbose":
-        conf["spark.driver.extraJavaOptions"] = (
-            f"-Dlog4j2.configurationFile={ops_dir() / 'spark' / 'log4j2.properties'}"
-        )
+    if not sparklog.verbose():
+        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={sparklog.log_config_file()}"
+        # A JVM that runs already (spark-submit's) logs from INFO up until eos.sparklog loads eos's
+        # file into it: at least the SparkContext's start says only what matters.
+        conf["spark.log.level"] = "WARN"
     if checkpoint is None or is_local_path(checkpoint):
         conf["spark.sql.streaming.checkpointFileManagerClass"] = LOCAL_CHECKPOINT_FILE_MANAGER
     elif checkpoint.startswith("hdfs://"):
@@ -431,7 +432,20 @@ def build_spark(
     builder = SparkSession.builder.appName(app_name)
     for key, value in public.items():
         builder = builder.config(key, value)
-    with _off_the_command_line(secret):
+    quiet = not sparklog.verbose()
+    # A JVM started here gets a stderr without the lines nobody can act on (eos.sparklog).
+    filtering = sparklog.filtered_stderr() if quiet and launches else contextlib.nullcontext()
+    with _off_the_command_line(secret), filtering:
         session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    if quiet and not launches:
+        # spark-submit's JVM: its stderr through eos's filter from now on, and eos's log levels
+        # instead of Spark's default profile, once the SparkContext has started (Spark loads its
+        # profile again when the context starts) (eos.sparklog).
+        sparklog.filter_system_err(session.sparkContext._jvm)
+        sparklog.use_eos_levels(session.sparkContext._jvm)
+    if quiet:
+        sparklog.quiet_accumulator_server(session.sparkContext)
+    # A SIGTERM or Ctrl-C that reaches the JVM stops eos's queries before the SparkContext (eos.jvmstop).
+    jvmstop.stop_eos_first(session)
     return session

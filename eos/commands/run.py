@@ -12,8 +12,10 @@ def _say(message: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from eos.observe.progress import RunRate, outputs
     from eos.runner import RunOptions, run
 
+    rate = RunRate()
     options = RunOptions(
         master=args.master,
         trigger=args.trigger,
@@ -23,12 +25,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics_host=args.metrics_host,
         take_over=args.take_over,
         finish_pending=args.finish_pending,
+        listeners=[rate],
     )
     result = run(args.pipeline, options)
-    total = sum(result.records_out.values())
+    after_start_up = rate.describe()
     _say(
         f"eos: {result.pipeline} stopped ({result.stopped_by}): {result.epochs_committed} epochs committed, "
-        f"{total} records out"
+        f"records out: {outputs(result.records_out)}" + (f"; {after_start_up}" if after_start_up else "")
     )
     return 0
 

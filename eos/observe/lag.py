@@ -112,6 +112,19 @@ def source_lag(sources: list[SourceConnector], lines: list[Line | None]) -> list
     return rows
 
 
+def age(seconds: float | None) -> str:
+    """A lag in event time: "0.4s", "12s", "3m05s", "2h10m"."""
+    if seconds is None:
+        return "?"
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
 @dataclass(frozen=True)
 class Lingering:
     sink: str
@@ -324,3 +337,19 @@ class LagMonitor:
     def total(self) -> int | None:
         rows = self.snapshot()
         return sum(r.lag for r in rows) if rows else None
+
+    def oldest_age_s(self) -> float | None:
+        """Seconds the oldest record not yet committed has waited, over every partition (0 when
+        nothing lags; None when a lagging partition's age is unknown, or nothing was queried)."""
+        return oldest_age(self.snapshot(), time.time())
+
+
+def oldest_age(rows: Iterable[PartitionLag], now: float) -> float | None:
+    """The longest wait of a record not yet committed, over the lagging partitions whose oldest
+    record's time is known: 0 when nothing lags, None when no lagging partition's time is known."""
+    rows = list(rows)
+    lagging = [r for r in rows if r.lag]
+    if not lagging:
+        return 0.0 if rows else None
+    known = [now - r.oldest for r in lagging if r.oldest is not None]
+    return max(0.0, *known) if known else None

@@ -37,7 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from eos import __version__
 from eos.errors import EnvironmentProblem
 from eos.observe.lag import DriverWatch, LagMonitor, committed_lines
-from eos.observe.tracker import PHASES, EpochTracker
+from eos.observe.tracker import COMMIT, DECIDE, PHASES, WRITE, EpochTracker
 from eos.protocol.report import AttemptVotes, EpochListener, EpochReport, RecoveryReport
 
 log = logging.getLogger("eos.observe.metrics")
@@ -351,6 +351,17 @@ class _ScrapeTimeCollector:
             "for read_committed sources) minus the end offset of the last committed epoch.",
             labels=["pipeline", "source", "topic", "partition"],
         )  # fmt: skip
+        lag_seconds = GaugeMetricFamily(
+            _name("source_lag_seconds"), "How long the oldest record of each source partition that no committed "
+            "epoch covers yet has waited: now minus its Kafka timestamp (0 when the partition does not lag; left "
+            "out while its timestamp cannot be read).", labels=["pipeline", "source", "topic", "partition"],
+        )  # fmt: skip
+        precommitted = GaugeMetricFamily(
+            _name("epoch_precommitted_records"), "Records in the sink transactions the epoch in flight has "
+            "pre-committed so far (slots that voted prepared; 0 between epochs): they count in "
+            "eos_sink_records_total once the epoch commits. Sinks whose slots do not vote (PostgreSQL) show 0.",
+            labels=["pipeline", "sink"],
+        )  # fmt: skip
         lingering = GaugeMetricFamily(
             _name("lingering_transaction_seconds"), "How long the oldest transaction the sink reports as left open "
             "(SinkConnector.lingering(): for Kafka, a sink or ledger topic partition whose last stable offset is "
@@ -375,12 +386,22 @@ class _ScrapeTimeCollector:
                     phase.add_metric([pipeline, name], 1.0 if name == now.name else 0.0)
                 if now.epoch is not None:
                     current.add_metric([pipeline], now.epoch)
+                in_flight: dict[str, int] = {}
+                if now.name in (WRITE, DECIDE, COMMIT) and now.epoch is not None and coordinator is not None:
+                    for vote in coordinator.votes(now.epoch, now.attempt):
+                        in_flight[vote.sink] = in_flight.get(vote.sink, 0) + vote.records
+                for sink in self.m.shape.written:
+                    precommitted.add_metric([pipeline, sink], in_flight.get(sink, 0))
             if coordinator is not None:
                 for sink, size in sorted(coordinator.pool_sizes().items()):
                     pools.add_metric([pipeline, sink], size)
             if lag is not None:
+                scraped = time.time()
                 for row in lag.snapshot():
-                    lag_family.add_metric([pipeline, row.source, row.topic, str(row.partition)], row.lag)
+                    labels = [pipeline, row.source, row.topic, str(row.partition)]
+                    lag_family.add_metric(labels, row.lag)
+                    if not row.lag or row.oldest is not None:
+                        lag_seconds.add_metric(labels, max(0.0, scraped - row.oldest) if row.lag else 0.0)
                 for sink, seconds in lag.lingering.stuck_seconds().items():
                     lingering.add_metric([pipeline, sink], seconds)
                 for sink, n in lag.lingering.counts().items():
@@ -388,7 +409,8 @@ class _ScrapeTimeCollector:
                 failures.add_metric([pipeline], lag.failures)
                 if lag.driver is not None:
                     taken_over.add_metric([pipeline], 1.0 if lag.driver.taken_over_by is not None else 0.0)
-        yield from (age, phase, current, pools, lag_family, lingering, lingering_n, taken_over, failures)
+        yield from (age, phase, current, precommitted, pools, lag_family, lag_seconds, lingering, lingering_n,
+                    taken_over, failures)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------

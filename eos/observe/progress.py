@@ -1,9 +1,13 @@
 """Per-epoch progress for people, and Spark's own progress as events.
 
-One permanent line per committed epoch: offsets in and records out, the rate, the time each
-phase took (Spark's planning, the job that reads, writes and pre-commits every slot, recording
-the decision, the commit, Spark's commit log), the slots and their producers (reused or
-initialised), and the source lag. Recoveries and aborted attempts get a line of their own. On a
+One permanent line per committed epoch: offsets in and records out (per sink, then the
+dead-letter queues), the rate, the time each phase took (Spark's planning, the job that reads,
+writes and pre-commits every slot, recording the decision, the commit, Spark's commit log), the
+slots and their producers (reused or initialised), and the source lag, in offsets and in seconds
+(the age of the oldest record not yet committed). The first epoch of a run shows no rate: it also
+starts Spark's Python workers and plans the query, so its rate would say little about the
+pipeline; `RunRate` gives the run's rate after it. Recoveries and aborted attempts get a line of
+their own. On a
 terminal a transient status line below them shows the epoch in flight and its phase (write with
 the transactions prepared so far, decide, commit k/n, mark committed), refreshed four times a
 second; anywhere else (a pipe, a log file, TERM=dumb) only the plain lines are written.
@@ -21,11 +25,12 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from typing import IO, Any, ClassVar
 
 from pyspark.sql.streaming import StreamingQueryListener
 
-from eos.observe.lag import LagMonitor
+from eos.observe.lag import LagMonitor, age, as_line, consumed
 from eos.observe.tracker import EpochTracker
 from eos.protocol.report import EpochListener, EpochReport, RecoveryReport
 
@@ -39,15 +44,42 @@ def _ms(seconds: float | None) -> str:
     return f"{seconds * 1000:.1f}ms" if seconds < 0.1 else f"{seconds * 1000:.0f}ms"
 
 
+DLQ_SUFFIX = ".dlq"  # a source's dead-letter queue is the sink "<source>.dlq"
+START_UP = "first epoch of the run: also starts the Python workers and plans the query, no rate"
+
+
+def outputs(records_out: Mapping[str, int], sinks: Iterable[str] = ()) -> str:
+    """Records out per sink (`sinks` first, in their order, 0 where the epoch wrote none), then per
+    dead-letter queue: "totals 12, totals_pg 12, dlq 3" (with several: "dlq orders 2, dlq refunds 1")."""
+    counts = {name: 0 for name in sinks} | dict(records_out)
+    written = [f"{name} {n:,}" for name, n in counts.items() if not name.endswith(DLQ_SUFFIX)]
+    dead = [(name.removesuffix(DLQ_SUFFIX), n) for name, n in counts.items() if name.endswith(DLQ_SUFFIX)]
+    written += [f"dlq {n:,}" if len(dead) == 1 else f"dlq {source} {n:,}" for source, n in dead]
+    return ", ".join(written) or "0"
+
+
+def lag_text(offsets: int | None, seconds: float | None) -> str:
+    """The lag part of a line, " | lag 1,200 (oldest 4.2s)": offsets behind, and how long the
+    oldest record not yet committed has waited (when the sources tell)."""
+    if offsets is None:
+        return ""
+    oldest = f" (oldest {age(seconds)})" if offsets and seconds is not None else ""
+    return f" | lag {offsets:,}{oldest}"
+
+
 def epoch_line(
     report: EpochReport,
     progress: dict[str, Any] | None,
     lag: int | None = None,
     consumed: int | None = None,
     exactly_once: bool = True,
+    start_up: bool = False,
+    lag_s: float | None = None,
+    sinks: Iterable[str] = (),
 ) -> str:
     """The permanent line of a committed epoch. "in" is the offsets the epoch consumed when known
-    (Spark's numInputRows counts a source once per scan: twice with a dead-letter split)."""
+    (Spark's numInputRows counts a source once per scan: twice with a dead-letter split).
+    `start_up`: the run's first epoch, whose rate is not shown (see the module doc)."""
     out = sum(report.records_out.values())
     records_in = consumed if consumed is not None else (progress.get("numInputRows") if progress else None)
     durations = (progress or {}).get("durationMs", {})
@@ -66,11 +98,12 @@ def epoch_line(
     mark = f" mark {durations['commitOffsets']}ms" if "commitOffsets" in durations else ""
     plan = f"plan {plan_ms:.0f}ms " if progress is not None else ""
     return (
-        f"epoch {report.epoch} committed | in {records_in if records_in is not None else '?'} | out {out} | "
-        f"{rate:,.0f} rec/s | {plan}job {_ms(report.job_s)} decide {_ms(report.decide_s)} "
+        f"epoch {report.epoch} committed | in {f'{records_in:,}' if records_in is not None else '?'} | "
+        f"out: {outputs(report.records_out, sinks)} | {START_UP if start_up else f'{rate:,.0f} rec/s'} | "
+        f"{plan}job {_ms(report.job_s)} decide {_ms(report.decide_s)} "
         f"commit {_ms(report.commit_s)}{mark} | {len(report.slots)} slots"
         + (f", {len(leased)} txns ({reused} producers reused)" if leased else "")
-        + (f" | lag {lag:,}" if lag is not None else "")
+        + lag_text(lag, lag_s)
         + (f" | {'; '.join(extras)}" if extras else "")
     )
 
@@ -94,6 +127,8 @@ class ProgressPrinter(EpochListener):
         self._lock = threading.Lock()
         self._reports: dict[int, EpochReport] = {}
         self._last: str = ""
+        self._lines = 0  # epoch lines printed: the first is the run's start-up epoch
+        self._sinks: dict[str, None] = {}  # every sink an epoch of this run wrote to, in order
         self._console = None
         self._live = None
         self._spinner = None
@@ -120,10 +155,9 @@ class ProgressPrinter(EpochListener):
     def _status(self) -> Any:
         assert self._spinner is not None and self.tracker is not None
         phase = self.tracker.phase().describe()
-        lag = self.lag.total() if self.lag is not None else None
         parts = [f"[{self.pipeline}] {phase}"]
-        if lag is not None:
-            parts.append(f"lag {lag:,}")
+        if self.lag is not None and (lag := lag_text(self.lag.total(), self.lag.oldest_age_s())):
+            parts.append(lag.removeprefix(" | "))
         if self._last:
             parts.append(f"last: {self._last}")
         from rich.text import Text
@@ -180,18 +214,74 @@ class ProgressPrinter(EpochListener):
             self._live = None
 
     def _line(self, report: EpochReport, progress: dict[str, Any] | None) -> None:
-        lag = consumed = None
+        lag = records_in = lag_s = None
         if self.lag is not None:
             if progress is not None:
-                consumed = sum(self.lag.on_progress(progress).values())
+                records_in = sum(self.lag.on_progress(progress).values())
                 # The lag after this epoch, not before it: its query runs on the monitor thread.
                 self.lag.wait_fresh(timeout_s=2.0)
-            lag = self.lag.total()
+            lag, lag_s = self.lag.total(), self.lag.oldest_age_s()
         exactly_once = self.tracker.exactly_once if self.tracker is not None else True
-        line = epoch_line(report, progress, lag, consumed, exactly_once)
+        self._sinks.update(dict.fromkeys(report.records_out))
+        line = epoch_line(
+            report, progress, lag, records_in, exactly_once, start_up=self._lines == 0, lag_s=lag_s, sinks=self._sinks
+        )
+        self._lines += 1
         out = sum(report.records_out.values())
         self._last = f"epoch {report.epoch}, {out:,} out"
         self._print(line)
+
+
+class RunRate(EpochListener):
+    """A run's rate after start-up: the offsets its committed epochs consumed, per second of those
+    epochs (Spark's triggerExecution), leaving out the run's first epoch (see the module doc).
+    For the summary line of `eos run`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._committed: set[int] = set()
+        self._first: int | None = None
+        self.epochs = 0  # epochs after the first
+        self.records = 0
+        self.seconds = 0.0
+
+    def on_epoch_committed(self, report: EpochReport) -> None:
+        with self._lock:
+            self._committed.add(report.epoch)
+            if self._first is None:
+                self._first = report.epoch
+
+    def on_spark_progress(self, progress: dict[str, Any]) -> None:
+        batch = progress.get("batchId")
+        with self._lock:
+            if batch not in self._committed or batch == self._first:
+                return
+            self._committed.discard(batch)
+            self.epochs += 1
+            self.records += offsets_consumed(progress)
+            self.seconds += (progress.get("durationMs") or {}).get("triggerExecution", 0) / 1000
+
+    def describe(self) -> str | None:
+        """E.g. "after start-up 2,700 records in 9 epochs, 31.2 s: 86 rec/s"; None before a second epoch."""
+        with self._lock:
+            if not self.epochs:
+                return None
+            rate = f"{self.records / self.seconds:,.0f} rec/s" if self.seconds > 0 else "-"
+            return f"after start-up {self.records:,} records in {self.epochs} epochs, {self.seconds:.1f} s: {rate}"
+
+
+def offsets_consumed(progress: Mapping[str, Any]) -> int:
+    """Offsets a batch consumed over all its sources, from Spark's progress alone. A source scanned
+    twice (its poison scan) reports the same start and end twice: counted once."""
+    seen: set[str] = set()
+    total = 0
+    for scan in progress.get("sources") or []:
+        start, end = as_line(scan.get("startOffset")), as_line(scan.get("endOffset"))
+        key = json.dumps([start, end], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            total += consumed(start, end)
+    return total
 
 
 def _key(progress: dict[str, Any]) -> tuple[str, int]:

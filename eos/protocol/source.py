@@ -69,6 +69,9 @@ class PartitionLag:
     partition: int
     end: int  # the newest readable offset
     committed: int | None  # end offset of the last committed epoch
+    # When the oldest record not yet committed was written (Unix seconds: Kafka's record
+    # timestamp), if the partition lags and the source can tell.
+    oldest: float | None = None
 
     @property
     def lag(self) -> int:

@@ -478,6 +478,33 @@ class LocalBroker(KafkaNode):
         )
 
 
+def client_port(properties_file: Path) -> int | None:
+    """The client port a node was rendered with: its first listener's (None if it was never rendered)."""
+    try:
+        text = properties_file.read_text()
+    except OSError:
+        return None
+    match = re.search(r"^listeners=[A-Z_]+://[^,\s]*:(\d+)", text, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+def running_here(home: Path | None = None) -> list[LocalBroker | LocalCluster]:
+    """Every local broker and cluster eos started under $EOS_HOME (`broker-PORT`, `cluster-PORT`),
+    on whatever port, that runs now. One started with --data-dir elsewhere is found only there."""
+    home = home or eos_home()
+    found: list[LocalBroker | LocalCluster] = []
+    for folder in sorted(home.glob("broker-*")):
+        port = client_port(folder / "server.properties")
+        if port is not None and (broker := LocalBroker(port=port, data_dir=folder)).pid() is not None:
+            found.append(broker)
+    for folder in sorted(home.glob("cluster-*")):
+        if (folder / "cluster.json").exists():
+            cluster = LocalCluster(data_dir=folder)
+            if any(node.pid() is not None for node in cluster.nodes.values()):
+                found.append(cluster)
+    return found
+
+
 # ---------------------------------------------------------------------------------------------
 # A three-node cluster
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ while it runs.
   and for Kafka the state of every id of the pools from Kafka's own TransactionsCommand
   (kafka-tools, in the local broker's jar cache; confluent-kafka has no DescribeTransactions).
   Without Java or the jars that part says so; the stable-offset checks still show what is open;
-- source lag per partition (`SourceConnector.lag()` against the last committed epoch's line).
+- source lag per partition (`SourceConnector.lag()` against the last committed epoch's line), in
+  offsets and in how long its oldest record not yet committed has waited.
 
 `--fence` fences and resolves the way recovery does (eos.protocol.recovery: every id of every
 recorded pool, then RESUME sinks resolved against the recorded decision), then reads the whole
@@ -43,7 +44,7 @@ from typing import Any
 from eos.config import PipelineConfig
 from eos.declared import Connectors, connectors, pipeline_info
 from eos.errors import CheckpointError, EosError
-from eos.observe.lag import committed_lines, source_lag
+from eos.observe.lag import age, committed_lines, oldest_age, source_lag
 from eos.protocol import recovery
 from eos.protocol.channel import Liveness, ping
 from eos.protocol.checkpoint import Checkpoint, CheckpointMeta, is_local
@@ -440,9 +441,14 @@ def lag_status(found: Connectors, checkpoint: Checkpoint, meta: CheckpointMeta |
     rows, errors = [], []
     for source, line in zip(found.sources, lines, strict=True):
         try:
-            rows += [{**asdict(r), "lag": r.lag} for r in source_lag([source], [line])]
+            asked = source_lag([source], [line])
         except Exception as exc:
             errors.append(f"source {source.name}: {type(exc).__name__}: {exc}")
+            continue
+        now = time.time()
+        # waited_s: how long the partition's oldest record not yet committed has waited (`oldest`:
+        # its Kafka timestamp), when the source can tell.
+        rows += [{**asdict(r), "lag": r.lag, "waited_s": oldest_age([r], now)} for r in asked]
     return {"rows": rows, "error": "; ".join(errors) or None}
 
 
@@ -676,12 +682,19 @@ def render(report: dict[str, Any]) -> list[str]:
 
     lag = report["lag"]
     basis = "the last committed epoch" if point["exists"] else "offset 0 (never started)"
-    lines.append(f"source lag: {sum(r['lag'] for r in lag['rows']):,} offsets behind {basis}")
+    behind = sum(r["lag"] for r in lag["rows"])
+    waited = [r["waited_s"] for r in lag["rows"] if r["lag"] and r.get("waited_s") is not None]
+    oldest = f"; the oldest record not yet committed has waited {age(max(waited))}" if waited else ""
+    lines.append(f"source lag: {behind:,} offsets behind {basis}{oldest}")
     if lag.get("error"):
         lines.append(f"  (incomplete: {lag['error']})")
     if lag["rows"]:
-        rows = [[r["source"], r["topic"], r["partition"], r["end"], r["committed"], r["lag"]] for r in lag["rows"]]
-        lines += _table_lines(["source", "topic", "partition", "end", "committed", "lag"], rows)
+        rows = [
+            [r["source"], r["topic"], r["partition"], r["end"], r["committed"], r["lag"],
+             age(r.get("waited_s")) if r["lag"] else "-"]
+            for r in lag["rows"]
+        ]  # fmt: skip
+        lines += _table_lines(["source", "topic", "partition", "end", "committed", "lag", "waited"], rows)
     return lines
 
 

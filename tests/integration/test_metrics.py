@@ -3,8 +3,10 @@ counters checked against what the broker, the control log and the checkpoint rea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -377,3 +379,58 @@ def test_a_takeover_by_another_driver_shows_in_the_metrics(bootstrap, unique_nam
         monitor.stop()
         first.close()
         second.close()
+
+
+def test_records_count_while_the_run_runs(spark, bootstrap, new_topic, unique_name, tmp_path):
+    """Scraped in the middle of a run: the records of the committed epochs are counted, those the
+    epoch in flight has pre-committed so far show in their own gauge, and the lag shows in
+    seconds. Epoch 1 is held by a slot paused after its pre-commit (before it votes): the other
+    slot's vote is in, the epoch cannot commit yet."""
+    from eos.failpoints import release
+
+    source, sink = new_topic(partitions=2), new_topic(partitions=2)
+    produced = time.time()
+    sent = produce_numbered(bootstrap, source, 0, 900)
+    name = unique_name("m")
+    port = free_port()
+    config = passthrough_pipeline(name, bootstrap, source, sink, tmp_path / "ck", max_records_per_epoch=300)
+    path = write_pipeline(tmp_path, config)
+    results: list[Any] = []
+    running = threading.Thread(
+        target=lambda: results.append(
+            run_in_process(
+                spark, path, metrics_port=port, failpoints=["sink.after_precommit=pause(120)@epoch=1,slot=1"]
+            )
+        ),
+        daemon=True,
+    )
+    running.start()
+    url = f"http://127.0.0.1:{port}/metrics"
+    deadline = time.monotonic() + 240
+    held = None
+    try:
+        while held is None:
+            assert running.is_alive() and time.monotonic() < deadline, "epoch 1 never reached its pause"
+            time.sleep(0.2)
+            with contextlib.suppress(httpx.TransportError):
+                samples = parse(httpx.get(url, timeout=5).text)
+                epoch = total(samples, "eos_current_epoch", missing_ok=True)
+                if epoch == 1 and total(samples, "eos_epoch_precommitted_records", missing_ok=True) > 0:
+                    held = samples
+        scraped = time.time()
+    finally:
+        release(tmp_path / "ck" / "_eos" / "scratch" / "failpoints")
+    running.join(240)
+    assert results and results[0].epochs_committed == 3
+    assert_exactly_once(sent, committed_values(bootstrap, sink))
+
+    # Before the run ended: epoch 0's records counted; epoch 1 in flight with slot 0's vote in.
+    assert total(held, "eos_epochs_committed_total") == 1 and total(held, "eos_current_epoch") == 1
+    assert total(held, "eos_sink_records_total", sink="out") == 300
+    assert total(held, "eos_epoch_phase", phase="write") == 1
+    in_flight = total(held, "eos_epoch_precommitted_records", sink="out")
+    assert 0 < in_flight < 300, in_flight  # one of the epoch's two slots
+    # Lag after epoch 0: 600 offsets, whose oldest records were produced before the run started.
+    assert total(held, "eos_source_lag_offsets") == 600
+    waited = by_label(held, "eos_source_lag_seconds", "partition")
+    assert set(waited) == {"0", "1"} and all(0 < w <= scraped - produced + 1 for w in waited.values()), waited

@@ -11,7 +11,7 @@ import re
 import threading
 import time
 
-from eos.observe.progress import ProgressPrinter
+from eos.observe.progress import ProgressPrinter, RunRate, age, lag_text, outputs
 from eos.observe.tracker import BETWEEN, COMMIT, DECIDE, MARK_COMMITTED, RECOVERING, WRITE, EpochTracker
 from eos.protocol.channel import VoteClient
 from eos.protocol.coordinator import Coordinator
@@ -110,35 +110,72 @@ def test_plain_lines_when_not_a_terminal():
     printer.on_epoch_start(5, 1)
     printer.on_epoch_committed(report(5, skipped_slots=1, replay_skipped={"out": 10}))
     printer.on_spark_progress(progress(5))
-    printer.on_epoch_aborted(6, 1, "slot 1 failed", True)
-    printer.on_epoch_committed(report(6, attempts=2))
-    printer.flush()  # epoch 6's Spark progress never came: printed anyway
+    printer.on_epoch_committed(report(6, records_out={"out": 490, "events.dlq": 10}))
+    printer.on_spark_progress(progress(6))
+    printer.on_epoch_aborted(7, 1, "slot 1 failed", True)
+    printer.on_epoch_committed(report(7, attempts=2))
+    printer.flush()  # epoch 7's Spark progress never came: printed anyway
     lines = out.getvalue().splitlines()
     assert "\x1b" not in out.getvalue(), "no terminal control codes in a log file"
     assert (
         lines[0]
         == "[p] recovery (start-up): fenced 2 transactional ids, resolved 1 committed in 12.0ms; ledger: out/0:4"
     )
+    # The run's first epoch started the Python workers and planned the query: no rate.
     assert re.fullmatch(
-        r"\[p\] epoch 5 committed \| in 500 \| out 500 \| 500 rec/s \| plan 73ms job 500ms decide 4.0ms "
+        r"\[p\] epoch 5 committed \| in 500 \| out: out 500 \| first epoch of the run: also starts the Python "
+        r"workers and plans the query, no rate \| plan 73ms job 500ms decide 4.0ms "
         r"commit 30.0ms mark 9ms \| 2 slots, 2 txns \(1 producers reused\) "
         r"\| replay: 1 slot\(s\) already committed, skipped",
         lines[1],
     ), lines[1]
-    assert lines[2] == "[p] epoch 6 attempt 1 ABORTED: slot 1 failed; retrying after fencing"
-    assert lines[3].startswith("[p] epoch 6 committed | in ? | out 500") and lines[3].endswith("| attempts 2")
+    # Records out per sink, then the dead-letter queue.
+    assert lines[2].startswith("[p] epoch 6 committed | in 500 | out: out 490, dlq 10 | 500 rec/s | plan 73ms")
+    assert lines[3] == "[p] epoch 7 attempt 1 ABORTED: slot 1 failed; retrying after fencing"
+    # A sink seen before shows 0 when an epoch wrote nothing to it.
+    assert lines[4].startswith("[p] epoch 7 committed | in ? | out: out 500, dlq 0 | 1,000 rec/s")
+    assert lines[4].endswith("| attempts 2")
+
+
+def test_outputs_and_lag_ages():
+    assert outputs({"totals": 12, "totals_pg": 12, "orders.dlq": 3}) == "totals 12, totals_pg 12, dlq 3"
+    assert outputs({"a.dlq": 2, "t": 1_000, "b.dlq": 0}) == "t 1,000, dlq a 2, dlq b 0"
+    assert outputs({"t": 0}, sinks=["t", "u"]) == "t 0, u 0"
+    assert [age(s) for s in (0.04, 9.96, 42.4, 185, 7_830)] == ["0.0s", "10.0s", "42s", "3m05s", "2h10m"]
+    assert lag_text(1_200, 4.21) == " | lag 1,200 (oldest 4.2s)"
+    assert lag_text(0, 0.0) == " | lag 0" and lag_text(5, None) == " | lag 5" and lag_text(None, 3.0) == ""
+
+
+def test_the_rate_after_start_up_leaves_the_first_epoch_out():
+    rate = RunRate()
+    line = {"t": {"0": 0, "1": 0}}
+    for epoch, ms in ((3, 30_000), (4, 1_000), (5, 3_000)):
+        rate.on_epoch_committed(report(epoch))
+        end = {"t": {"0": line["t"]["0"] + 100, "1": line["t"]["1"] + 300}}
+        scan = {"startOffset": json.dumps(line), "endOffset": json.dumps(end), "numInputRows": 400}
+        # Two scans of one source (its poison scan) report the same range: counted once.
+        rate.on_spark_progress({**progress(epoch), "sources": [scan, scan], "durationMs": {"triggerExecution": ms}})
+        line = end
+    rate.on_spark_progress({**progress(6), "durationMs": {"triggerExecution": 5}})  # no epoch 6 committed
+    assert rate.describe() == "after start-up 800 records in 2 epochs, 4.0 s: 200 rec/s"
+    one = RunRate()
+    one.on_epoch_committed(report(0))
+    one.on_spark_progress(progress(0))
+    assert one.describe() is None
 
 
 LINE = re.compile(
-    r"\[(?P<name>[^\]]+)\] epoch (?P<epoch>\d+) committed \| in (?P<in>\d+) \| out (?P<out>\d+) \| [\d,]+ rec/s \| "
+    r"\[(?P<name>[^\]]+)\] epoch (?P<epoch>\d+) committed \| in (?P<in>[\d,]+) \| out: out (?P<out>[\d,]+) \| "
+    r"(?P<rate>[\d,]+ rec/s|first epoch of the run: [^|]+) \| "
     r"plan \d+ms job [\d.]+ms decide [\d.]+ms commit [\d.]+ms mark \d+ms \| (?P<slots>\d+) slots, (?P<txns>\d+) txns "
-    r"\((?P<reused>\d+) producers reused\) \| lag (?P<lag>[\d,]+)(?P<extra>.*)"
+    r"\((?P<reused>\d+) producers reused\) \| lag (?P<lag>[\d,]+)(?: \(oldest (?P<oldest>[\d.]+)s\))?(?P<extra>.*)"
 )
 
 
 def test_lines_of_a_real_run_match_what_it_committed(spark, bootstrap, new_topic, unique_name, tmp_path, capsys):
     source, sink = new_topic(partitions=2), new_topic(partitions=2)
     sent = produce_numbered(bootstrap, source, 0, 600)
+    produced = time.time()
     name = unique_name("p")
     config = passthrough_pipeline(name, bootstrap, source, sink, tmp_path / "ck", max_records_per_epoch=400)
     path = write_pipeline(tmp_path, config)
@@ -156,6 +193,12 @@ def test_lines_of_a_real_run_match_what_it_committed(spark, bootstrap, new_topic
         (400, 400, 200),
         (200, 200, 0),
     ]
+    # The first epoch of the run shows no rate (it includes the start-up); the next one does.
+    assert epochs[0]["rate"].startswith("first epoch of the run") and epochs[1]["rate"].endswith(" rec/s")
+    # The lag in event time: the 200 records left after epoch 0 were produced before the run.
+    assert epochs[0]["oldest"] is not None, text
+    assert 0 <= float(epochs[0]["oldest"]) <= time.time() - produced + 1, text
+    assert epochs[1]["oldest"] is None  # nothing lags
     aborted = [line for line in lines if " ABORTED: " in line]
     assert len(aborted) == 1 and aborted[0].startswith(f"[{name}] epoch 1 attempt 1 ABORTED: "), text
     assert "retrying after fencing" in aborted[0] and epochs[1]["extra"] == " | attempts 2"

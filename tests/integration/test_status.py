@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import Counter
 from typing import Any
 
@@ -109,12 +110,18 @@ def test_status_while_running_and_stopped_matches_checkpoint_control_log_ledger_
 
     # New input: the lag per partition is exactly what each partition grew by.
     before = high_watermarks(bootstrap, source)
+    producing = time.time()
     produce_numbered(bootstrap, source, 1000, 250)
     grown = {p: o - before[p] for p, o in high_watermarks(bootstrap, source).items()}
     lag = gather(config, path.parent, transactions=False)["lag"]["rows"]
     assert {r["partition"]: r["lag"] for r in lag} == grown
     assert sum(r["lag"] for r in lag) == 250
     assert all(r["committed"] == before[r["partition"]] for r in lag)
+    # ...and in time: each lagging partition's oldest waiting record is one produced just now.
+    for row in lag:
+        if row["lag"]:
+            assert producing - 1 <= row["oldest"] <= time.time(), row
+            assert 0 <= row["waited_s"] <= time.time() - producing + 1, row
 
     # Through a JVM gateway (as for an hdfs:// or s3a:// checkpoint): the same checkpoint.
     through_jvm = gather(config, path.parent, transactions=False, jvm=True)["checkpoint"]
@@ -135,6 +142,7 @@ def test_status_while_running_and_stopped_matches_checkpoint_control_log_ledger_
     text = "\n".join(render(data))
     assert f"last committed epoch {point['last_committed_epoch']}" in text
     assert "source lag: 250 offsets behind" in text and "does not answer: not running" in text
+    assert "; the oldest record not yet committed has waited " in text
     assert f"last decision: epoch {point['last_committed_epoch']} attempt 1 commits {len(last)} of out" in text
 
 

@@ -44,6 +44,7 @@ from eos_connectors.kafka.clients import (
 from eos_connectors.kafka.config import KafkaSinkEntry, KafkaSinkSection, KafkaSourceEntry
 from eos_connectors.kafka.control import KafkaControlLog
 from eos_connectors.kafka.group_offsets import commit_group
+from eos_connectors.kafka.oldest import oldest_timestamps, peek_consumer
 from eos_connectors.kafka.reader import FORMAT_NAME, KafkaDataSource, ReaderOptions
 from eos_connectors.kafka.sink import KafkaSink
 
@@ -59,6 +60,7 @@ class KafkaSource(SourceConnector):
     def __init__(self, entry: KafkaSourceEntry, pipeline: PipelineInfo):
         super().__init__(entry, pipeline)
         self._admin: Any = None
+        self._peek: Any = None  # the lag monitor's consumer of the oldest records' timestamps
 
     @property
     def client(self) -> dict[str, Any]:
@@ -249,11 +251,17 @@ class KafkaSource(SourceConnector):
     # -- monitoring ----------------------------------------------------------------------------
     def lag(self, logged: dict[str, Any] | None) -> list[PartitionLag]:
         kafka = self.entry.kafka
+        read_committed = kafka.isolation == "read_committed"
         partitions = {topic: info.partitions for topic, info in describe_topics(self.admin, kafka.topics).items()}
-        ends = end_offsets(self.admin, partitions, read_committed=kafka.isolation == "read_committed")
+        ends = end_offsets(self.admin, partitions, read_committed=read_committed)
         done = planning.decode(logged) if logged else {}
+        # How long the lagging partitions' next records have waited (eos_connectors.kafka.oldest).
+        behind = {tp: done[tp] for tp, end in ends.items() if tp in done and end > done[tp]}
+        if behind and self._peek is None:
+            self._peek = peek_consumer(self.client, read_committed)
+        oldest = oldest_timestamps(self._peek, behind) if behind else {}
         return [
-            PartitionLag(self.name, topic, partition, end, done.get((topic, partition)))
+            PartitionLag(self.name, topic, partition, end, done.get((topic, partition)), oldest.get((topic, partition)))
             for (topic, partition), end in sorted(ends.items())
         ]
 
@@ -266,6 +274,11 @@ class KafkaSource(SourceConnector):
             commit_group(group, ends)
         finally:
             group.close()
+
+    def close(self) -> None:
+        if self._peek is not None:
+            self._peek.close()
+            self._peek = None
 
 
 class DeadLetters(KafkaSink):

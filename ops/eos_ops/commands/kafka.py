@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from eos_ops.localkafka import LocalBroker, LocalCluster
 
 CLUSTER_SIZE = 3
 
@@ -78,9 +82,25 @@ def cmd_kafka_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_kafka_status(args: argparse.Namespace) -> int:
-    if _wants_cluster(args):
-        return _cluster_status(args)
-    status = _broker(args).status()
+    from eos.paths import eos_home
+    from eos_ops.localkafka import LocalBroker, running_here
+
+    if args.port is None and args.data_dir is None and args.brokers is None:
+        # Whatever eos started under $EOS_HOME, on any port; each is shown, the worst exit code wins.
+        found = running_here()
+        if not found:
+            print(
+                f"not running: no local Kafka broker or cluster of eos runs under {eos_home()} "
+                "(one started with --data-dir elsewhere: give it the same --data-dir)"
+            )
+            return 3
+        return max(_broker_status(t) if isinstance(t, LocalBroker) else _cluster_status(t) for t in found)
+    return _cluster_status(_cluster(args)) if _wants_cluster(args) else _broker_status(_broker(args))
+
+
+def _broker_status(broker: LocalBroker) -> int:
+    """One line; exit 0 if it answers, 1 if not, 3 if not running."""
+    status = broker.status()
     if not status.running:
         print(f"not running (data directory {status.data_dir})")
         return 3
@@ -91,9 +111,9 @@ def cmd_kafka_status(args: argparse.Namespace) -> int:
     return 0 if status.answering else 1
 
 
-def _cluster_status(args: argparse.Namespace) -> int:
+def _cluster_status(cluster: LocalCluster) -> int:
     """One line for the cluster, one per node; exit 0 if whole, 1 if degraded, 3 if not running."""
-    status = _cluster(args).status()
+    status = cluster.status()
     if not status.running:
         print(f"cluster not running (data directory {status.data_dir})")
         return 3
@@ -123,7 +143,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Maven Central with ops/kafka/pom.xml.",
         epilog="examples: `eos kafka start` (one broker on 9092); `eos kafka start --brokers 3` (nodes 1-3 on "
         "9092, 9094, 9096, their controllers on 9093, 9095, 9097; prints the bootstrap list); "
-        "`eos kafka status` and `eos kafka stop` find a running cluster by its data directory.",
+        "`eos kafka stop` finds a running cluster by its data directory; `eos kafka status` without --port or "
+        "--data-dir shows every broker and cluster eos runs under $EOS_HOME, on any port.",
     )
     ksub = kafka.add_subparsers(dest="kafka_command", required=True, metavar="{fetch,start,stop,status}")
 
@@ -182,8 +203,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     status = ksub.add_parser(
         "status",
         help="is it running and answering? (exit 3 if not running; a cluster: 1 if a node is down)",
-        description="For a cluster: each node's state (running, paused, stopped), the registered brokers "
-        "and the active controller.",
+        description="Without --port, --data-dir or --brokers: every broker and cluster eos started under "
+        "$EOS_HOME that runs, on any port (exit 3 if none). For a cluster: each node's state (running, paused, "
+        "stopped), the registered brokers and the active controller.",
     )
     common(status)
     status.set_defaults(func=cmd_kafka_status)
