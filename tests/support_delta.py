@@ -39,8 +39,9 @@ def delta_ids(uri: str | Path, column: str = "id") -> Counter[str]:
     return Counter(str(row[column]) for row in read_table(uri))
 
 
-def _python() -> Path:
-    """A virtualenv with PySpark 4.2 (and nothing of eos), made once."""
+def spark42_python() -> Path:
+    """A virtualenv with PySpark 4.2 (and nothing of eos), made once; its python. (The benchmark's
+    Delta section runs Spark's own Delta write there too: bench/sections/delta.py.)"""
     venv = eos_home() / "delta-spark-reader" / "venv"
     marker = venv / f".{PYSPARK}"
     if not marker.exists():
@@ -54,7 +55,7 @@ class SparkDeltaReader:
     def __init__(self) -> None:
         libs = jvm.fetch_jars(HERE / "pom.xml", eos_home() / "delta-spark", "delta-spark (tests)", print)
         jars = [*(str(j) for j in sorted(libs.glob("*.jar"))), *s3a.connector_jars(print)]
-        python = _python()
+        python = spark42_python()
         hadoop = f"hadoop-client-api-{s3a.hadoop_aws_version()}.jar"  # hadoop-aws fits this Hadoop only
         assert list(python.parent.parent.glob(f"lib/python*/site-packages/pyspark/jars/{hadoop}")), (
             f"{PYSPARK} in {python} does not bundle {hadoop}: the S3A connector would not fit it"
