@@ -6,7 +6,10 @@
   delta-spark build runs on PySpark 4.3.0, which eos uses (tests/delta_spark/pom.xml lists the
   builds tried and how they fail), so it runs on PySpark 4.2.0, the Spark its build is made for,
   in a virtualenv under $EOS_HOME made once (pip's cache makes later ones quick); its jars come
-  from Maven Central like the broker's. One such process serves a whole test session.
+  from Maven Central like the broker's. One such process serves a whole test session. It also has
+  the S3A connector eos adds for s3a:// checkpoints (eos.s3a: hadoop-aws 3.5.0, which is the Hadoop
+  client PySpark 4.2.0 bundles too), so it reads a table on S3 as `s3a://bucket/path` with the
+  Hadoop settings a request carries (`read(..., hadoop=...)`, sent on stdin).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from eos import s3a
 from eos.paths import eos_home
 from eos_ops import jvm
 from eos_ops.delta import read_table
@@ -35,8 +39,9 @@ def delta_ids(uri: str | Path, column: str = "id") -> Counter[str]:
     return Counter(str(row[column]) for row in read_table(uri))
 
 
-def _python() -> Path:
-    """A virtualenv with PySpark 4.2 (and nothing of eos), made once."""
+def spark42_python() -> Path:
+    """A virtualenv with PySpark 4.2 (and nothing of eos), made once; its python. (The benchmark's
+    Delta section runs Spark's own Delta write there too: bench/sections/delta.py.)"""
     venv = eos_home() / "delta-spark-reader" / "venv"
     marker = venv / f".{PYSPARK}"
     if not marker.exists():
@@ -48,10 +53,16 @@ def _python() -> Path:
 
 class SparkDeltaReader:
     def __init__(self) -> None:
-        jars = jvm.fetch_jars(HERE / "pom.xml", eos_home() / "delta-spark", "delta-spark (tests)", print)
+        libs = jvm.fetch_jars(HERE / "pom.xml", eos_home() / "delta-spark", "delta-spark (tests)", print)
+        jars = [*(str(j) for j in sorted(libs.glob("*.jar"))), *s3a.connector_jars(print)]
+        python = spark42_python()
+        hadoop = f"hadoop-client-api-{s3a.hadoop_aws_version()}.jar"  # hadoop-aws fits this Hadoop only
+        assert list(python.parent.parent.glob(f"lib/python*/site-packages/pyspark/jars/{hadoop}")), (
+            f"{PYSPARK} in {python} does not bundle {hadoop}: the S3A connector would not fit it"
+        )
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK", "SPARK_", "PYTHON"))}
         self.process = subprocess.Popen(
-            [str(_python()), str(HERE / "reader.py"), ",".join(str(j) for j in sorted(jars.glob("*.jar")))],
+            [str(python), str(HERE / "reader.py"), ",".join(jars)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
         )  # fmt: skip
         ready = self._answer(600)
@@ -70,16 +81,20 @@ class SparkDeltaReader:
                     return json.loads(line)
         raise AssertionError(f"the Spark Delta reader did not answer in {timeout_s:.0f} s")
 
-    def read(self, uri: str | Path, columns: list[str] | None = None) -> list[dict[str, Any]]:
+    def read(
+        self, uri: str | Path, columns: list[str] | None = None, hadoop: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        """The table's rows; `hadoop`: settings for its filesystem (s3a:// endpoint, credentials)."""
         assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps({"path": str(uri), "columns": columns or []}) + "\n")
+        request = {"path": str(uri), "columns": columns or [], "hadoop": hadoop or {}}
+        self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         answer = self._answer(600)
         assert "rows" in answer, answer.get("error")
         return answer["rows"]
 
-    def ids(self, uri: str | Path, column: str = "id") -> Counter[str]:
-        return Counter(str(row[column]) for row in self.read(uri, [column]))
+    def ids(self, uri: str | Path, column: str = "id", hadoop: dict[str, str] | None = None) -> Counter[str]:
+        return Counter(str(row[column]) for row in self.read(uri, [column], hadoop))
 
     def close(self) -> None:
         if self.process.stdin:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import epochs, faults, header, latency, peers, profiles, summary, throughput
+from bench.sections import delta
 
 NOTES = Path(__file__).resolve().parent.parent / "NOTES.md"
 # The sections' texts, in the report's order
@@ -33,6 +34,7 @@ PARTS = (
     throughput.cluster,
     peers.postgres,
     epochs.costmodel,
+    delta.report,
     profiles.profiles,
 )
 

@@ -10,6 +10,7 @@ SECTIONS = (
     "scaling",
     "cluster",
     "postgres",
+    "delta",
     "recovery",
     "memory",
     "failpoints",

@@ -1,6 +1,10 @@
 """Spark's own Delta reader as a long-lived process (run by tests/support_delta.py with PySpark 4.2
 and delta-spark): one JSON request a line on stdin, {"path": ..., "columns": [...]}, one JSON
-answer a line on stdout, {"rows": [...]} or {"error": "..."}. Nothing of eos is imported here."""
+answer a line on stdout, {"rows": [...]} or {"error": "..."}. Nothing of eos is imported here.
+
+A request may carry "hadoop": {name: value}, Hadoop settings for the table's filesystem (an s3a://
+endpoint and credentials): they come on stdin, never on a command line, and are set before the
+read (the filesystem cache is off for s3a, so each read uses the settings it came with)."""
 
 import json
 import sys
@@ -18,6 +22,7 @@ spark = (
     .config("spark.ui.showConsoleProgress", "false")
     .config("spark.sql.shuffle.partitions", "1")
     .config("spark.databricks.delta.snapshotPartitions", "1")
+    .config("spark.hadoop.fs.s3a.impl.disable.cache", "true")
     .getOrCreate()
 )
 spark.sparkContext.setLogLevel("ERROR")
@@ -25,6 +30,9 @@ print(json.dumps({"ready": spark.version}), flush=True)
 for line in sys.stdin:
     request = json.loads(line)
     try:
+        hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+        for name, value in (request.get("hadoop") or {}).items():
+            hadoop.set(name, value)
         frame = spark.read.format("delta").load(request["path"])
         if request.get("columns"):
             frame = frame.select(*request["columns"])

@@ -54,6 +54,20 @@ class DeltaSinkSection(Model):
         connector reads the attribute itself."""
         return {k: ("***" if secret_option(k) else v) for k, v in options.items()}
 
+    @field_validator("storage_options")
+    @classmethod
+    def _conditional_put(cls, options: dict[str, str]) -> dict[str, str]:
+        """delta-rs creates each log entry with a conditional PUT (put-if-absent); switched off, it
+        can neither create a table on S3 nor commit to one (docs/DELTA.md, "Tables on S3")."""
+        for name, value in options.items():
+            if name.lower().removeprefix("aws_") == "conditional_put" and value.strip().lower() == "disabled":
+                raise ValueError(
+                    f"storage_options {name}: disabled: delta-rs commits a version with a conditional PUT (create "
+                    "only if absent), and with it disabled cannot commit to a table on S3; leave the option out: by "
+                    "default delta-rs uses the store's conditional writes (If-None-Match), as S3 has had since 2024"
+                )
+        return options
+
     @field_validator("table")
     @classmethod
     def _table(cls, table: str) -> str:
