@@ -115,6 +115,10 @@ def check_name_is_ours(opened: OpenedCheckpoint, previous: Any, pipeline: str) -
         return
     if previous.checkpoint_id == opened.checkpoint_id:
         return
+    if previous.checkpoint and previous.checkpoint.rstrip("/") == opened.checkpoint.uri.rstrip("/"):
+        # The same location, new: the checkpoint was deleted or lost its metadata. Not a copy; the
+        # checkpoint's own checks and the ledger (which remembers its commits) say what happened.
+        return
     where = f" at {previous.checkpoint}" if previous.checkpoint else ""
     raise CheckpointError(
         f"the pipeline name {pipeline!r} is in use by another checkpoint{where} (its last driver ran on "

@@ -43,7 +43,8 @@ def test_every_pipeline_shown_in_the_docs_is_an_example_file():
 
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 def test_every_example_file_validates(example):
-    env = {"PG_DSN": "host=db dbname=shop user=eos"}
+    env = {"PG_DSN": "host=db dbname=shop user=eos", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+           "AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}  # fmt: skip
     finished = eos_subprocess("validate", str(EXAMPLES / example), env=env, timeout=120)
     assert finished.returncode == 0, finished.output[-3000:]
     assert f"{EXAMPLES / example}: valid" in finished.output

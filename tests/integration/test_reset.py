@@ -120,7 +120,8 @@ def test_a_checkpoint_folder_holding_anything_else_is_refused(admin, bootstrap, 
     path = project(tmp_path / "project", name, bootstrap, str(checkpoint))
     before = files_of(checkpoint)
     code, err = refused(path, capsys)
-    assert code == 1 and "it holds what neither Spark nor eos wrote: customers.csv" in err, err
+    # exit 3: refused, with what to decide (README, exit codes)
+    assert code == 3 and "it holds what neither Spark nor eos wrote: customers.csv" in err, err
     assert "move the others out" in err
     assert files_of(checkpoint) == before
     assert f"eos-ledger-{name}.control" not in topics(admin)

@@ -24,7 +24,9 @@ import psycopg
 from psycopg import sql
 
 from eos.config import load_pipeline
-from eos_connectors.kafka.clients import admin_client, create_topic, producer
+from eos_connectors.kafka.clients import create_topic, producer
+from eos_connectors.kafka.control import KafkaControlLog
+from eos_connectors.kafka.ledger import read_ledger
 from eos_ops import kafka_security
 from eos_ops.kafka_security import Acl
 from eos_ops.status import gather, render, tools_classpath
@@ -166,12 +168,14 @@ def test_a_secured_exactly_once_pipeline_survives_a_kill_9_and_status_and_reset_
         for output in (crashed.output, status.output):
             assert not any(password in output for password in env.values())
 
-        # `eos reset`: fences, forgets the ledger and the control log, deletes the checkpoint.
+        # `eos reset`: fences, forgets the ledger and the control log (tombstones: the topics stay,
+        # a ledger topic may be shared), deletes the checkpoint.
         ledger = data["ledger"][0]["where"].removeprefix("Kafka topic ")
         reset = eos_subprocess("reset", str(path), "--yes", env=env, timeout=180)
         assert reset.returncode == 0, reset.output[-3000:]
-        topics = admin_client(secure_kafka.admin_settings).list_topics(timeout=15).topics
-        assert ledger not in topics and f"{ledger}.control" not in topics
+        assert read_ledger(secure_kafka.admin_settings, ledger, name) == {}
+        forgotten = KafkaControlLog(secure_kafka.admin_settings, f"{ledger}.control", name).state()
+        assert (forgotten.previous, forgotten.decision, forgotten.pools) == (None, None, {})
         assert not (tmp_path / "ck").exists()
         print(
             f"secured pipeline: crashed run {crash_s:.0f} s, restart {restart_s:.0f} s, "

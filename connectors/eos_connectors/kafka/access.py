@@ -259,7 +259,7 @@ def require(client: Mapping[str, Any], needs: Iterable[Need], admin: Any = None,
     if not needs:
         return []
     bootstrap, who = needs[0].acl.bootstrap, needs[0].client
-    found = reachable(f"{who}: checking its ACLs", bootstrap, lambda: probe(client, needs, admin, **options))
+    found = reachable(who, bootstrap, lambda: probe(client, needs, admin, **options))
     required = [(n, answer) for n, answer in found.missing if not n.optional]
     if required:
         raise explain(required)
