@@ -98,21 +98,25 @@ class _ClientErrors:
     wrong password, a mechanism the broker does not enable or a certificate it rejects only there
     (the request itself just times out, as if the broker were down)."""
 
-    def __init__(self) -> None:
+    def __init__(self, caller: Any = None) -> None:
         self.authentication: str | None = None
+        self.caller = caller  # the caller's own error_cb, which still gets every error
 
     def __call__(self, error: Any) -> None:
         from confluent_kafka import KafkaError
 
         if error.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._SSL):
             self.authentication = error.str()
+        if self.caller is not None:
+            self.caller(error)
 
 
 def admin_client(config: ClientConfig):
     from confluent_kafka.admin import AdminClient
 
-    errors = _ClientErrors()
-    client = AdminClient({**_with_defaults("admin", config), "error_cb": errors})
+    settings = _with_defaults("admin", config)
+    errors = _ClientErrors(settings.get("error_cb"))
+    client = AdminClient({**settings, "error_cb": errors})
     client.eos_errors = errors  # read by `refused_authentication`
     return client
 
