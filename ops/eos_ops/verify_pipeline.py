@@ -4,7 +4,7 @@
    eos's code path): the sources' topics, formats, `on_error` and DLQ topics, the transforms, the
    sinks with their keys, formats and modes, the output mode and the watermarks. Every Kafka
    client is made with the entry's own settings (`bootstrap` + `config:`, SASL/SSL included);
-   PostgreSQL is read with the sink's DSN.
+   PostgreSQL is read with the sink's DSN, a Delta table with the sink's storage options.
 2. The checkpoint, when there is one, says where the run started (each source's pinned starting
    offsets) and how far it got: Spark's offset log holds each epoch's end offsets and
    watermark. Input past the last committed epoch is not expected yet.
@@ -14,7 +14,8 @@
 4. The pipeline's transforms run as a batch Spark query (local[2]) over the decoded rows: each
    sink's expected rows. Spark's batch engine shares nothing with eos's streaming exactly-once
    machinery (sources, epochs, transactions, sinks).
-5. Each sink's committed output (read_committed, or a plain SQL query) is compared with them
+5. Each sink's committed output (read_committed, a plain SQL query, or a Delta table's latest
+   version as delta-rs reads it) is compared with them
    under the sink's semantics (eos_ops.verify_checks).
 
 Where batch and streaming differ, the difference is handled or reported: windows no watermark
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from eos.config import PipelineConfig, load_pipeline
-from eos.errors import CheckpointError, ConfigError, EosError
+from eos.errors import CheckpointError, ConfigError, EnvironmentProblem, EosError
 from eos_ops.verify import Record, prepared_transactions, read_table, read_topic, topic_ends
 from eos_ops.verify_checks import (
     Check,
@@ -56,6 +57,7 @@ from eos_ops.verify_compare import Instant, Position, Tolerance, canonical
 from eos_ops.verify_decode import FormatDecoder, Poison
 
 TopicPartition = tuple[str, int]
+SINK_KINDS = ("kafka", "postgres", "delta")  # an entry's section: its attribute
 STATEFUL = {"Aggregate", "Distinct", "Deduplicate", "DeduplicateWithinWatermark", "Join", "FlatMapGroupsWithState"}
 
 
@@ -376,11 +378,11 @@ def expected_rows(session: Any, config: PipelineConfig, entry: Any, kind: str, w
             _as_written(key, entry.key_format.type).alias("key"),
             _as_written(value, entry.value_format.type).alias("value"),
         ]
-    else:
-        pg = entry.postgres
-        chosen = [F.expr(e).alias(n) for n, e in pg.columns.items()] if pg.columns else columns
+    else:  # a table: postgres or delta, their sections' `columns` alike
+        table = getattr(entry, kind)
+        chosen = [F.expr(e).alias(n) for n, e in table.columns.items()] if table.columns else columns
         parts = [F.struct(*chosen).alias("value")]
-        names = list(pg.columns) if pg.columns else list(view.columns)
+        names = list(table.columns) if table.columns else list(view.columns)
     end, how = window_end(view, config) if with_end else (None, "")
     if end is not None:
         parts.append(end.alias("window_end"))
@@ -435,10 +437,51 @@ def read_postgres_sink(entry: Any, wanted: list[str], check: Check) -> list[Any]
     rows = [row for _, row in read_table(pg.dsn, pg.table)]
     check.output_records = len(rows)
     check.prepared = prepared_transactions(pg.dsn)
+    return _columns(entry, pg.table, rows, wanted)
+
+
+def read_delta_sink(entry: Any, base_dir: Path, pipeline: str, wanted: list[str], check: Check) -> list[Any]:
+    """The table's latest version as delta-rs reads it (eos_ops.delta: no code of eos's sink), and
+    the attempts the sink left staged in the table's folder (invisible to readers until committed)."""
+    from deltalake.exceptions import TableNotFoundError
+
+    from eos_connectors.delta import staging
+    from eos_connectors.delta.config import secret_option
+    from eos_connectors.delta.table import Store, resolve_uri
+    from eos_ops.delta import read_table as read_delta
+
+    delta = entry.delta
+    uri = resolve_uri(delta.table, base_dir)  # as the sink resolves it: beside the pipeline file
+    check.target = f"Delta table {uri}"
+    try:
+        rows = read_delta(uri, delta.storage_options)
+        # Listed only; Store makes a local table's folder when missing, and the table exists here.
+        staged = staging.attempts(Store(uri, delta.storage_options), pipeline, entry.name)
+    except TableNotFoundError:
+        raise ConfigError(f"sink {entry.name}: there is no Delta table at {uri}") from None
+    except Exception as exc:
+        why = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        for name, value in delta.storage_options.items():
+            if value and secret_option(name):
+                why = why.replace(value, "***")  # the storage options' credentials never show
+        raise EnvironmentProblem(f"sink {entry.name}: reading the Delta table at {uri} failed: {why}") from None
+    check.output_records = len(rows)
+    check.prepared = len(staged)
+    if staged:
+        check.notes.append(
+            f"staged attempts in {uri}/{staging.folder(pipeline, entry.name)}/: "
+            + ", ".join(a.stem for a in staged[:5])
+            + " (the next run or `eos delta cleanup` resolves them)"
+        )
+    return _columns(entry, uri, rows, wanted)
+
+
+def _columns(entry: Any, table: str, rows: list[dict[str, Any]], wanted: list[str]) -> list[Any]:
+    """A table's rows as compared: only the expected columns, canonical."""
     if rows:
         missing = [c for c in wanted if c not in rows[0]]
         if missing:
-            raise ConfigError(f"sink {entry.name}: table {pg.table} has no column {', '.join(map(repr, missing))}")
+            raise ConfigError(f"sink {entry.name}: table {table} has no column {', '.join(map(repr, missing))}")
     return [canonical({c: row.get(c) for c in wanted}) for row in rows]
 
 
@@ -483,12 +526,15 @@ def check_sink(
             pair = (choose_identity(rows, [("key", key)]) or ("", with_fields))[1] if entry.key else None
             check_rows(check, rows, [row for row, _ in seen], tol, pair, alternative)
         return check
-    pg = entry.postgres
-    check.target = f"PostgreSQL table {pg.table}"
-    seen_rows = read_postgres_sink(entry, expected.columns, check)
-    if pg.mode == "upsert":
-        check.semantics = f"upsert: the last value per key ({', '.join(pg.key)}) counts"
-        key = identity_of(lambda row: {k: row.get(k) for k in pg.key})
+    if kind == "postgres":
+        check.target = f"PostgreSQL table {entry.postgres.table}"
+        seen_rows = read_postgres_sink(entry, expected.columns, check)
+    else:
+        seen_rows = read_delta_sink(entry, base_dir, config.name, expected.columns, check)
+    table = getattr(entry, kind)  # postgres and delta sections alike: mode, key
+    if table.mode == "upsert":
+        check.semantics = f"upsert: the last value per key ({', '.join(table.key)}) counts"
+        key = identity_of(lambda row: {k: row.get(k) for k in table.key})
         check_changelog(check, rows, [(row, None) for row in seen_rows], key, tol, alternative)
     elif update and aggregate:
         check.semantics = "update mode into an append table: every final row present"
@@ -582,10 +628,12 @@ def verify_pipeline(path: str | Path, tolerance: Tolerance | None = None, spark:
     path = Path(path)
     config = load_pipeline(path)
     base_dir = path.resolve().parent
-    kinds = [("kafka" if hasattr(e, "kafka") else "postgres" if hasattr(e, "postgres") else "?") for e in config.sinks]
+    kinds = [next((k for k in SINK_KINDS if hasattr(e, k)), "?") for e in config.sinks]
     for entry, kind in zip(config.sinks, kinds, strict=True):
         if kind == "?":
-            raise ConfigError(f"sink {entry.name}: eos verify reads Kafka topics and PostgreSQL tables only")
+            raise ConfigError(
+                f"sink {entry.name}: eos verify reads Kafka topics, PostgreSQL tables and Delta tables only"
+            )
     for entry in config.sources:
         if not hasattr(entry, "kafka"):
             raise ConfigError(f"source {entry.name}: eos verify reads Kafka sources only")

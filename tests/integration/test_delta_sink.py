@@ -29,6 +29,7 @@ from eos.protocol.ledger import LedgerEntry
 from eos_connectors.delta import ledger, staging
 from eos_connectors.delta import sink as delta_sink
 from eos_connectors.delta.sink import DeltaSink
+from eos_ops.verify_pipeline import verify_pipeline
 from tests.pipelines import assert_exactly_once, produce_numbered, run_in_process, write_pipeline
 from tests.support_delta import delta_ids, spark_delta_reader
 
@@ -96,7 +97,8 @@ def test_append_writes_every_record_once_in_one_version_per_epoch(
     sent = produce_numbered(bootstrap, source, 0, 1200)
     name, table = unique_name("p"), tmp_path / "lake"
     config = delta_pipeline(name, bootstrap, source, tmp_path / "ck", table, delta={"partition_by": ["src_partition"]})
-    result = run_in_process(spark, write_pipeline(tmp_path, config), failpoints=["sink.after_agreement=raise@epoch=1"])
+    path = write_pipeline(tmp_path, config)
+    result = run_in_process(spark, path, failpoints=["sink.after_agreement=raise@epoch=1"])
 
     assert result.epochs_committed >= 3  # 1200 records at <= 500 an epoch
     assert_exactly_once(sent, delta_ids(table))
@@ -115,6 +117,24 @@ def test_append_writes_every_record_once_in_one_version_per_epoch(
     # Spark's reader prunes partitions and skips files by eos's statistics: still every record.
     some = spark_delta.read(table, ["id", "src_partition", "src_offset"])
     assert Counter(r["src_partition"] for r in some) == Counter(int(r["src_partition"]) for r in delta_rows(table))
+
+    # eos verify reads the table with delta-rs and finds every record once; then one row appended
+    # a second time (by another writer) is reported duplicated.
+    lake = verified(spark, path, table, ok=True)
+    assert (lake.expected, lake.output_records, lake.semantics) == (1200, 1200, "every row exactly once")
+    write_deltalake(str(table), DeltaTable(str(table)).to_pyarrow_table().slice(0, 1), mode="append")
+    lake = verified(spark, path, table, ok=False)
+    assert len(lake.duplicated) == 1 and not (lake.lost or lake.unexpected or lake.wrong), lake.duplicated
+
+
+def verified(spark: Any, path: Path, table: Path, ok: bool) -> Any:
+    """`eos verify`'s report on the pipeline, checked for `ok`; its check of the sink `lake`."""
+    report = verify_pipeline(path, spark=spark)
+    text = "\n".join(report.lines())
+    assert report.ok is ok, text
+    lake = next(check for check in report.checks if check.name == "sink lake")
+    assert lake.target == f"Delta table {table}", text
+    return lake
 
 
 def delta_rows(table: Path) -> list[dict[str, Any]]:
@@ -146,6 +166,9 @@ def test_upsert_merges_one_row_per_key_with_the_totals(spark, bootstrap, new_top
         assert {r["k"]: r["n"] for r in rows} == expected
     assert staged_files(table) == []
     assert all(c["epoch"] == i for i, c in enumerate(eos_commits(table, name)))
+    lake = verified(spark, path, table, ok=True)
+    assert (lake.expected, lake.output_records) == (13, 13)
+    assert lake.semantics == "upsert: the last value per key (k) counts"
 
 
 def test_a_key_twice_in_an_epoch_stops_before_the_decision(spark, bootstrap, new_topic, unique_name, tmp_path):
