@@ -175,3 +175,31 @@ def report(results: dict[str, Any]) -> list[str]:
         hot_over_cold = ratio_summary([h for h, _ in paired], [c for _, c in paired])
         out += [f"Hot over cold, paired by round: {ratio(hot_over_cold)}", ""]
     return out
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, str]]:
+    """The summary's row: kill -9 to the standby's first committed epoch, against a cold restart."""
+    from bench.report.tables import ratio, target
+    from bench.stats import ratio_summary, summarize, verdict
+
+    section = results.get("failover")
+    if not section or "error" in section:
+        return []
+    by = {kind: [r for r in section["runs"] if r["kind"] == kind] for kind in KINDS}
+    if not by["hot"]:
+        return []
+    hot = summarize([r["kill_to_first_commit_s"] for r in by["hot"]]).median
+    cold = summarize([r["kill_to_first_commit_s"] for r in by["cold"]]).median if by["cold"] else None
+    in_round = {r["round"]: r["kill_to_first_commit_s"] for r in by["hot"]}
+    pairs = [(in_round[r["round"]], r["kill_to_first_commit_s"]) for r in by["cold"] if r["round"] in in_round]
+    ok = all(r["exactly_once"] for r in section["runs"])
+    return [
+        target(
+            "failover: kill -9 of the driver → the hot standby's first committed epoch",
+            f"{hot:.2f} s" + ("" if ok else " (OUTPUT WRONG)"),
+            f"cold restart {cold:.1f} s" if cold is not None else "–",
+            ratio(ratio_summary([h for h, _ in pairs], [c for _, c in pairs])) if pairs else "–",
+            "≤ 5 s",
+            verdict(hot, 5, higher_is_better=False) if ok else "MISSED",
+        )
+    ]
