@@ -194,10 +194,15 @@ def stand_by(pipeline: Pipeline, options: StartOptions) -> EosQuery | None:
         warmer.close()
         control.close()
     if gone is None:
+        pipeline.close()  # no take-over: launch, which closes the connectors when it ends, never ran
         return None
     judged = time.monotonic()
     say(f"the driver is gone ({gone.why}): taking over" if gone.driver else f"{gone.why}: taking over")
-    reopen(pipeline)
+    try:
+        reopen(pipeline)
+    except RebuildNeeded:
+        pipeline.close()
+        raise
     query = launch(pipeline, replace(options, take_over=True))
     after = time.monotonic() - judged
     say(f"took over as run {pipeline.run_id} {after:.2f} s after the driver was judged gone; running")
