@@ -88,6 +88,8 @@ class Plan:
                 + small_epochs
             ),
             "recovery": len(self.recovery_points) * self.recovery_runs * 40,
+            # per round a hot and a cold run: three or two Spark drivers' start-ups, a drain of the input
+            "failover": (1 if self.quick else 5) * 2 * 60,
             "memory": self.memory_duration_s + 25,
             "failpoints": 3 + self.failpoint_rounds * 3 * self.failpoint_records / 1_000_000,
             "producer": 5 if self.quick else 10,

@@ -46,6 +46,7 @@ class StartOptions:
     metrics_port: int | None = None
     metrics_host: str | None = None  # overrides metrics.host (default 127.0.0.1)
     listeners: list[EpochListener] = field(default_factory=list)
+    stop: threading.Event | None = None  # a standby: set to stop standing by (eos.standby)
 
 
 def launch(pipeline: Any, options: StartOptions) -> EosQuery:

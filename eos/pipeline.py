@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -112,14 +113,24 @@ class Pipeline:
 
     @classmethod
     def from_header(
-        cls, header: PipelineHeader, base_dir: Path | None, spark: Any = None, failpoints: Sequence[str] = ()
+        cls,
+        header: PipelineHeader,
+        base_dir: Path | None,
+        spark: Any = None,
+        failpoints: Sequence[str] = (),
+        parallelism: int | None = None,
     ) -> Pipeline:
-        """For front ends that validated the header themselves (a pipeline file)."""
+        """For front ends that validated the header themselves (a pipeline file). `parallelism`:
+        slots per epoch when `slots` is unset, instead of what the checkpoint pins now (a standby
+        builds with the running driver's: eos.standby)."""
         pipeline = cls.__new__(cls)
-        pipeline._init(header, base_dir, spark, list(failpoints))
+        pipeline._init(header, base_dir, spark, list(failpoints), parallelism)
         return pipeline
 
-    def _init(self, header: PipelineHeader, base_dir: Path | None, spark: Any, failpoints: list[str]) -> None:
+    def _init(
+        self, header: PipelineHeader, base_dir: Path | None, spark: Any, failpoints: list[str],
+        parallelism: int | None = None,
+    ) -> None:  # fmt: skip
         self.header = header
         self.base_dir = base_dir
         self.location = header.checkpoint_path(base_dir)
@@ -134,6 +145,7 @@ class Pipeline:
         self._checked: dict[int, Any] = {}  # id(entry) -> its checked connector
         self._systems_checked = False  # a front end's pre-flight checked every system a moment ago
         self.transforms: list[Any] = []  # a pipeline file's transforms (eos.yamlpipeline), for the replay config
+        self._union: tuple[Any, tuple[SinkPlan, ...]] | None = None
         if spark is not None:
             # A SIGTERM or Ctrl-C that reaches your JVM stops the pipeline's query first, at an
             # epoch's end, before Spark stops its context (eos.jvmstop; eos's own sessions have it).
@@ -153,8 +165,10 @@ class Pipeline:
         self.opened: OpenedCheckpoint = open_checkpoint(self.checkpoint, header.name, header.epochs.mode)
         self.info = pipeline_info(header, self.opened.checkpoint_id, base_dir)
         self.failpoints: Failpoints = from_specs(failpoints, str(self.checkpoint.scratch_dir() / "failpoints"))
-        self.parallelism = pinned_parallelism(
-            self.opened, header.epochs.slots, self.spark.sparkContext.defaultParallelism
+        self.parallelism = (
+            pinned_parallelism(self.opened, header.epochs.slots, self.spark.sparkContext.defaultParallelism)
+            if parallelism is None or header.epochs.slots is not None
+            else parallelism  # a standby's: the running driver's count (eos.standby)
         )
         if "spark.sql.shuffle.partitions" not in header.spark.conf:
             # Slots are the partitions of the epoch's rows: a stateless pipeline's come from the
@@ -292,11 +306,15 @@ class Pipeline:
         metrics_port: int | None = None,
         metrics_host: str | None = None,
         listeners: Iterable[EpochListener] = (),
-    ) -> EosQuery:
+        standby: bool = False,
+        stop: threading.Event | None = None,
+    ) -> EosQuery | None:
         """Recover (fence, resolve, read the ledgers), then start the streaming query; returns its
         handle. `take_over`: fence a previous driver that still answers instead of refusing to
         start. `finish_pending`: replay only the pending epoch (a handle that ends after it; an
-        already finished handle when nothing is pending)."""
+        already finished handle when nothing is pending). `standby`: first stand by, warm, until
+        the pipeline's running driver is gone, then take it over (eos.standby); `stop`, an Event
+        that ends the standing by early (start then returns None)."""
         from eos.launch import StartOptions, launch
 
         self._building("start() was called again")
@@ -306,9 +324,13 @@ class Pipeline:
             raise ConfigError(f"pipeline {self.name} has no sink")
         self._state = "starting"
         options = StartOptions(
-            trigger, take_over, finish_pending, progress, metrics_port, metrics_host, list(listeners)
+            trigger, take_over, finish_pending, progress, metrics_port, metrics_host, list(listeners), stop
         )
         try:
+            if standby:
+                from eos.standby import stand_by
+
+                return stand_by(self, options)
             return launch(self, options)
         except BaseException:
             self._state = "failed"
@@ -316,7 +338,13 @@ class Pipeline:
 
     def union(self) -> tuple[Any, tuple[SinkPlan, ...]]:
         """The epoch's rows: every branch's rows in a struct column of their own, tagged with its
-        index (in the union's order: the configured sinks, then each source's poison rows)."""
+        index (in the union's order: the configured sinks, then each source's poison rows). Built
+        once (a standby builds it while it waits: eos.standby)."""
+        if self._union is None:
+            self._union = self._build_union()
+        return self._union
+
+    def _build_union(self) -> tuple[Any, tuple[SinkPlan, ...]]:
         from pyspark.sql import functions as F
 
         tagged, plans = [], []

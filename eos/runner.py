@@ -50,6 +50,7 @@ class RunOptions:
     install_signal_handlers: bool = True
     take_over: bool = False  # fence a driver that still answers, instead of refusing to start
     finish_pending: bool = False  # replay the pending epoch, then stop
+    standby: bool = False  # stand by until the running driver is gone, then take over (eos.standby)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,6 +68,10 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
 
     if options.master is not None:
         config = config.model_copy(update={"spark": config.spark.model_copy(update={"master": options.master})})
+    if options.standby:  # before Spark starts: what a standby cannot be asked for
+        from eos.standby import refuse
+
+        refuse(config.exactly_once, options.take_over, options.finish_pending)
     spark = options.spark
     prechecked = spark is None
     if spark is None:
@@ -88,6 +93,10 @@ def run_config(config: PipelineConfig, base_dir: Path | None, options: RunOption
             print(
                 f"eos: {config.name}: Spark started in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True
             )
+    if options.standby:
+        from eos.standby import run_standby
+
+        return run_standby(config, base_dir, spark, options, prechecked)
     pipeline = build_pipeline(config, base_dir, spark, options.failpoints, prechecked=prechecked)
     query = pipeline.start(
         options.trigger,

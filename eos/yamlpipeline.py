@@ -30,10 +30,12 @@ def build_pipeline(
     spark: Any = None,
     failpoints: list[str] | None = None,
     prechecked: bool = False,
+    parallelism: int | None = None,
 ) -> Pipeline:
     """The pipeline a file declares, built on `spark` (a new session of it). `prechecked`: the
-    pre-flight (eos.preflight) just checked every source's and sink's system: not again."""
-    pipeline = Pipeline.from_header(config, base_dir, spark, failpoints or [])
+    pre-flight (eos.preflight) just checked every source's and sink's system: not again.
+    `parallelism`: slots per epoch when the file leaves `slots` unset (a standby's: eos.standby)."""
+    pipeline = Pipeline.from_header(config, base_dir, spark, failpoints or [], parallelism)
     try:
         ship_modules(pipeline.spark, base_dir, [t.python for t in config.transforms if t.python])
         for kind, entries in (("sources", config.sources), ("sinks", config.sinks)):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import epochs, faults, header, latency, peers, profiles, summary, throughput
-from bench.sections import delta
+from bench.sections import delta, failover
 
 NOTES = Path(__file__).resolve().parent.parent / "NOTES.md"
 # The sections' texts, in the report's order
@@ -35,6 +35,7 @@ PARTS = (
     peers.postgres,
     epochs.costmodel,
     delta.report,
+    failover.report,
     profiles.profiles,
 )
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from bench.report import faults, latency, peers, throughput
 from bench.report.tables import table
+from bench.sections import failover
 
 # In the order of the table
 TARGETS = (
@@ -18,6 +19,7 @@ TARGETS = (
     peers.postgres_targets,
     throughput.cluster_targets,
     faults.recovery_targets,
+    failover.targets,
     faults.memory_targets,
     faults.failpoint_targets,
 )

@@ -12,6 +12,7 @@ SECTIONS = (
     "postgres",
     "delta",
     "recovery",
+    "failover",
     "memory",
     "failpoints",
     "producer",

@@ -26,6 +26,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         take_over=args.take_over,
         finish_pending=args.finish_pending,
         listeners=[rate],
+        standby=args.standby,
     )
     result = run(args.pipeline, options)
     after_start_up = rate.describe()
@@ -99,6 +100,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="replay the pending epoch (logged but not committed) with this pipeline file, then stop: the way to "
         "finish an epoch under its old config before changing the file",
+    )
+    run.add_argument(
+        "--standby",
+        action="store_true",
+        help="a hot standby: start Spark and build the pipeline, then watch the pipeline's running driver and take "
+        "the pipeline over when it is gone (killed, stopped, or silent for ~3 s); writes nothing while it waits",
     )
     run.set_defaults(func=cmd_run)
 
