@@ -34,8 +34,17 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Three runs, every one of them always: the fault tests (tests/faults) in two worker processes,
+# a file per worker. Each of them is mostly waiting (a cold `eos run`, an epoch's trigger, a
+# recovery; the suite used a fifth of the 2 cores' CPU time run serially); each worker starts its
+# own broker, PostgreSQL and S3 server. The rest runs alone: first-hour tests bound eos's own time
+# to an error, and the cluster tests run three brokers, HDFS and a Spark cluster.
 test: install lint
-	$(BIN)/pytest
+	@status=0; \
+	$(BIN)/pytest tests/unit tests/integration || status=1; \
+	$(BIN)/pytest -n 2 --dist loadfile tests/faults || status=1; \
+	$(BIN)/pytest tests/secure tests/cluster || status=1; \
+	exit $$status
 
 bench: install
 	$(BIN)/python -m pip install -q -e '.[bench]'

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from eos_ops.localpg import LocalPostgres, ServerTls, free_port
 
-_session: LocalPostgres | None = None
+# The servers started by start_postgres_under_test, by their dsn: a test of that function starts
+# and closes one of its own while the session's server runs.
+_running: dict[str, LocalPostgres] = {}
 
 
 def start_local_postgres(workdir: Path, tls: ServerTls | None = None, **settings: str | int) -> LocalPostgres:
@@ -28,13 +30,11 @@ def start_local_postgres(workdir: Path, tls: ServerTls | None = None, **settings
 def start_postgres_under_test(workdir: Path) -> tuple[str, Callable[[], None]]:
     """(dsn of the `eos` role and database, close) for a session-scoped fixture; close stops the
     server and deletes its cluster (as root it may live outside `workdir`: eos_ops.localpg)."""
-    global _session
     server = start_local_postgres(workdir)
-    _session = server
+    _running[server.dsn] = server
 
     def close() -> None:
-        global _session
-        _session = None
+        _running.pop(server.dsn, None)
         server.remove(progress=print)
 
     return server.dsn, close
@@ -43,8 +43,8 @@ def start_postgres_under_test(workdir: Path) -> tuple[str, Callable[[], None]]:
 def session_server(dsn: str) -> LocalPostgres:
     """The LocalPostgres behind the session's `postgres` fixture (whose value is `dsn`): for tests
     that need its superuser (roles of their own, say)."""
-    assert _session is not None and _session.dsn == dsn, "the `postgres` fixture's server is not running"
-    return _session
+    assert dsn in _running, "the `postgres` fixture's server is not running"
+    return _running[dsn]
 
 
 # ---------------------------------------------------------------------------------------------
