@@ -37,7 +37,7 @@ from eos_connectors.delta.sink import DeltaSink
 from eos_ops.delta import read_table
 from eos_ops.s3 import REGION
 from tests.faults.test_fault_matrix import eos_verify
-from tests.integration.test_delta_sink import stage
+from tests.integration.test_delta_sink import commit_twice_at_once, stage
 from tests.integration.test_s3 import commands_holding
 from tests.pipelines import (
     ROOT,
@@ -330,22 +330,7 @@ def test_on_s3_a_concurrent_writer_of_the_app_id_cannot_make_eos_commit_twice(s3
     assert ids() == ["z"]
 
     again = [stage(sink, schema, 4, 0, ["d"]), stage(sink, schema, 4, 1, ["e", "f"])]
-    barrier = threading.Barrier(2)
-    monkeypatch.setattr(delta_sink_module, "_between_check_and_commit", lambda _: barrier.wait(30))
-    errors: list[BaseException] = []
-
-    def commit() -> None:
-        try:
-            sink._commit(sink._manifests(again))
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=commit) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert errors == []
+    assert commit_twice_at_once(sink, again, monkeypatch) == []
     assert ids() == ["d", "e", "f", "z"]
     history = DeltaTable(table, storage_options=s3.env).history()
     assert sum(1 for c in history if c.get("eos", {}).get("epoch") == 4) == 1

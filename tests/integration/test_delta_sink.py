@@ -262,6 +262,27 @@ def stage(sink: DeltaSink, schema: pa.Schema, epoch: int, slot: int, ids: list[s
     return writer.precommit(entry)
 
 
+def commit_twice_at_once(sink: DeltaSink, staged: list, monkeypatch) -> list[BaseException]:
+    """Two threads commit the same staged attempts, both past the sink's check before either
+    commits (a barrier between the check and the commit); what they raised."""
+    barrier = threading.Barrier(2)
+    monkeypatch.setattr(delta_sink, "_between_check_and_commit", lambda _: barrier.wait(30))
+    errors: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            sink._commit(sink._manifests(staged))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=commit) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return errors
+
+
 def test_a_concurrent_writer_of_the_app_id_cannot_make_eos_commit_twice(
     bootstrap, new_topic, unique_name, tmp_path, monkeypatch
 ):
@@ -286,22 +307,7 @@ def test_a_concurrent_writer_of_the_app_id_cannot_make_eos_commit_twice(
 
     # Two commits of the same staged files at once: one version adds them, the other finds them.
     again = [stage(sink, schema, 4, 0, ["d"]), stage(sink, schema, 4, 1, ["e", "f"])]
-    barrier = threading.Barrier(2)
-    monkeypatch.setattr(delta_sink, "_between_check_and_commit", lambda _: barrier.wait(30))
-    errors: list[BaseException] = []
-
-    def commit() -> None:
-        try:
-            sink._commit(sink._manifests(again))
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=commit) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert errors == []
+    assert commit_twice_at_once(sink, again, monkeypatch) == []
     assert sorted(str(r["id"]) for r in delta_rows(tmp_path / "lake")) == ["d", "e", "f", "z"]
     assert sum(1 for c in DeltaTable(sink.uri).history() if c.get("eos", {}).get("epoch") == 4) == 1
 
