@@ -18,7 +18,9 @@ Stderr: the JVM also writes lines outside log4j that say nothing a user can act 
   `pyspark.daemon` whatever spark.python.daemon.module says, and relays their stderr to its own.
 A JVM eos starts gets a pipe as its stderr (`filtered_stderr`, around the gateway's launch): a
 thread of the driver forwards everything else to eos's stderr, line by line. A traceback is held
-until its last line says what it was (at most half a second, then it is written as it is).
+until its last line says what it was (at most half a second, then it is written as it is). Its
+first line alone, with no frame (a worker killed while it wrote, when the JVM stops), is never
+written: it says nothing anyone can act on.
 
 Under spark-submit the JVM started before eos, with the user's stderr, and printed the
 incubator warning already; the daemons' tracebacks are still to come. There eos points the JVM's
@@ -85,12 +87,21 @@ class LineFilter:
     def holding(self) -> bool:
         return bool(self._held)
 
+    def _header_only(self) -> bool:
+        """What is held is a traceback's first line(s) without a frame: its writer was killed
+        before it wrote more (PySpark's workers are, when the JVM stops). It says nothing anyone can
+        act on, and is dropped when a line that is not one of its frames comes, or at the end."""
+        return all(line.startswith(_TRACEBACK_STARTS) for line in self._held)
+
     def feed(self, line: bytes) -> list[bytes]:
         """The lines to write now (none while a traceback is held)."""
         if self._held:
             if line.startswith(b"  ") or line.startswith(_TRACEBACK_STARTS):
                 self._held.append(line)
                 return self.flush() if len(self._held) > _MAX_HELD else []
+            if self._header_only():
+                self._held = []
+                return self.feed(line)
             block, self._held = [*self._held, line], []
             daemon_hung_up = _HUNG_UP.match(line) is not None and any(_DAEMON_FRAME in held for held in block)
             return [] if daemon_hung_up else block
@@ -101,8 +112,13 @@ class LineFilter:
             return []
         return [line]
 
-    def flush(self) -> list[bytes]:
-        """What is held, as it is (a pause, or the end of the stream)."""
+    def flush(self, end: bool = False) -> list[bytes]:
+        """What is held, as it is: at a pause, or at the end of the stream. A header alone stays
+        held at a pause (its frames may still come) and goes at the end."""
+        if self._header_only():
+            if end:
+                self._held = []
+            return []
         held, self._held = self._held, []
         return held
 
@@ -135,7 +151,7 @@ def _forward(read_fd: int, out_fd: int) -> None:
                 continue
             chunk = os.read(read_fd, 65536)
             if not chunk:
-                write([*lines.flush(), partial])
+                write([*lines.flush(end=True), partial])
                 return
             *complete, partial = (partial + chunk).split(b"\n")
             for line in complete:

@@ -69,6 +69,22 @@ def test_a_held_traceback_is_written_when_cut_off():
     assert b"".join(f.flush()) == b"".join(head)  # at a pause or the end: as it was, nothing lost
 
 
+def test_a_traceback_header_whose_writer_was_killed_is_dropped():
+    """A worker killed right after `Traceback (most recent call last):` (the JVM stopping): the
+    header alone is held at a pause, and dropped when the next line is not one of its frames or the
+    stream ends; a header whose frames come after a pause is shown whole."""
+    header = b"Traceback (most recent call last):\n"
+    f = LineFilter()
+    assert f.feed(header) == [] and f.flush() == [] and f.holding  # a pause: still held
+    assert f.feed(SPARK_LINE) == [SPARK_LINE] and not f.holding
+    assert f.feed(header) == [] and f.flush(end=True) == [] and not f.holding
+    slow = lines(USER_ERROR)
+    assert slow[0] == header
+    f = LineFilter()
+    assert f.feed(slow[0]) == [] and f.flush() == []
+    assert b"".join(kept for line in slow[1:] for kept in f.feed(line)) == USER_ERROR
+
+
 def test_the_thread_forwards_at_once_and_writes_what_is_held_after_a_pause():
     """Through a real pipe: a line is forwarded as soon as it is complete; a traceback cut off
     (the JVM stopped writing) appears after the pause; every byte of a kept line arrives."""
