@@ -442,7 +442,9 @@ class Coordinator:
             vote.error = str(request.get("error", ""))[:500]
         state.settle(key, vote)
         self._free(state, vote.sink, vote.lease)
-        if state.problems or not state.uncommitted:  # wake the driver only when its wait can end
+        # Wake the driver only when its wait can end: a report before the wait began (nothing
+        # watched yet) is counted by the wait itself when it starts.
+        if state.watched and (state.problems or not state.uncommitted):
             self._lock.notify_all()
         return {"ok": True}
 
