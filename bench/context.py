@@ -97,7 +97,7 @@ class Plan:
             # warm-ups of both pipelines, 7 profiled runs of the profile's input, and the tiny epochs
             "profile": 20 + 4 * (4 + self.warmup_events / 40_000) + 8 * (6 + self.profile_events * 1.08 / 25_000),
             "peers": 30 + self.rounds * 2 * (3 * 6 + records * (1 / 80_000 + 1 / 25_000 + 1 / 60_000)),
-            "epochcost": self.rounds * 2 * (2 + self.epoch_cost_events * 1.08 / self.epoch_cost_records * 0.11),
+            "epochcost": self.rounds * 3 * (2 + self.epoch_cost_events * 1.08 / self.epoch_cost_records * 0.11),
             "skew": self.rounds * 2 * (2 + records / 80_000)
             + self.skew_latency_runs * 2 * (self.latency_warmup_s + self.latency_measure_s + 3),
             "cluster": 40
