@@ -14,6 +14,7 @@ TARGETS = (
     throughput.throughput_targets,
     peers.peer_targets,
     latency.latency_targets,
+    latency.trigger_throughput_targets,
     latency.epochcost_targets,
     latency.skew_targets,
     peers.postgres_targets,
