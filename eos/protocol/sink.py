@@ -146,6 +146,11 @@ class SinkConnector(ABC):
     kind: ClassVar[str]
     entry_model: ClassVar[type[SinkEntry]]
     recovery: ClassVar[Recovery]
+    # Settings of the entry's `kind` section that may change while an epoch is pending: how to
+    # reach the system (address, credentials) and tuning, never where or how rows are written.
+    # They are left out of the replay identity, which the checkpoint keeps, so a secret among them
+    # never reaches the checkpoint either.
+    reach_settings: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, entry: SinkEntry, pipeline: PipelineInfo):
         self.entry = entry
@@ -161,7 +166,11 @@ class SinkConnector(ABC):
 
     def replay_identity(self) -> dict[str, Any]:
         """What decides where and how a replay writes (pinned while an epoch is pending)."""
-        return self.entry.model_dump(mode="json", by_alias=True)
+        identity = self.entry.model_dump(mode="json", by_alias=True)
+        if self.reach_settings:
+            section = identity[self.kind]
+            identity[self.kind] = {k: v for k, v in section.items() if k not in self.reach_settings}
+        return identity
 
     def validate(self) -> None:  # noqa: B027 - optional
         """Offline checks for `eos validate` (schema files exist and parse); no network."""

@@ -516,6 +516,8 @@ sinks:
     kafka: {{bootstrap: "127.0.0.1:9092", topic: o, config: {{sasl.password: "{kafka_password}"}}}}
   - name: db
     postgres: {{dsn: "host=127.0.0.1 dbname=x user=eos password={pg_password}", table: t}}
+  - name: lake
+    delta: {{table: "s3://b/t", storage_options: {{AWS_SECRET_ACCESS_KEY: "{token}"}}}}
 spark:
   conf: {{spark.hadoop.fs.s3a.secret.key: "{token}"}}
 """
@@ -533,6 +535,10 @@ def test_credentials_are_not_part_of_the_replay_config() -> None:
     rotated = replay(yaml_text("CanaryKafka2", "CanaryPg2", "CanaryToken2"))
     assert "Canary" not in json.dumps(first), json.dumps(first)
     assert digest(first) == digest(rotated)
+    # Where each sink writes is in it: the topic, the table, the Delta table's location.
+    sinks = {sink["name"]: sink for sink in first["sinks"]}
+    assert (sinks["out"]["kafka"]["topic"], sinks["db"]["postgres"]["table"]) == ("o", "t")
+    assert sinks["lake"]["delta"]["table"] == "s3://b/t" and "storage_options" not in sinks["lake"]["delta"]
     # Anything else still counts: the digest is not blind.
     assert digest(replay(yaml_text("CanaryKafka1", "CanaryPg1", "CanaryToken1", scale="2"))) != digest(first)
 

@@ -88,6 +88,7 @@ class DeltaSink(SinkConnector):
     kind = "delta"
     entry_model = DeltaSinkEntry
     recovery = Recovery.RESUME
+    reach_settings = ("storage_options", "create_table")  # storage options may hold credentials
     entry: DeltaSinkEntry
 
     def __init__(self, entry: DeltaSinkEntry, pipeline: PipelineInfo, view: str | None = None):
@@ -135,14 +136,6 @@ class DeltaSink(SinkConnector):
             f"Delta table {self.uri} ({how}), app transaction {self.app_id}, staged in "
             f"{staging.folder(self.pipeline.name, self.name)}/"
         )
-
-    def replay_identity(self) -> dict[str, Any]:
-        identity = self.entry.model_dump(mode="json", by_alias=True)
-        # How to reach the store (credentials, endpoint) may change while an epoch is pending;
-        # where and how the rows are written may not. Storage options never go into the
-        # checkpoint: they may hold credentials.
-        identity["delta"] = {k: v for k, v in identity["delta"].items() if k not in ("storage_options", "create_table")}
-        return identity
 
     def system(self) -> str:
         return f"delta {self.uri}"

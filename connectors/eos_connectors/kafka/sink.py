@@ -98,6 +98,7 @@ class KafkaSink(SinkConnector):
     kind = "kafka"
     entry_model = KafkaSinkEntry
     recovery = Recovery.REPLAY
+    reach_settings = ("config", "bootstrap")  # credentials and client tuning; the topic stays pinned
     entry: KafkaSinkEntry
 
     def __init__(self, entry: KafkaSinkEntry, pipeline: PipelineInfo, view: str | None = None):
@@ -119,12 +120,6 @@ class KafkaSink(SinkConnector):
             f"{self.entry.kafka.topic} @ {self.entry.kafka.bootstrap} ({self.entry.value_format.type}), "
             f"transactional ids {ids.pool_id(self.prefix, self.name, 0).removesuffix('0')}<n>"
         )
-
-    def replay_identity(self) -> dict[str, Any]:
-        identity = self.entry.model_dump(mode="json", by_alias=True)
-        # How to reach the cluster (credentials, tuning) may change; where the rows go may not.
-        identity["kafka"] = {k: v for k, v in identity["kafka"].items() if k not in ("config", "bootstrap")}
-        return identity
 
     def system(self) -> str:
         if self._cluster is None:

@@ -182,6 +182,7 @@ class PostgresSink(SinkConnector):
     kind = "postgres"
     entry_model = PostgresSinkEntry
     recovery = Recovery.RESUME
+    reach_settings = ("dsn", "lock_timeout", "create_table")  # the DSN may hold a password
     entry: PostgresSinkEntry
 
     def __init__(self, entry: PostgresSinkEntry, pipeline: PipelineInfo, view: str | None = None):
@@ -204,16 +205,6 @@ class PostgresSink(SinkConnector):
             f"table {s.table} @ {where(s.dsn)} ({how}), ledger table {s.ledger_table}, prepared transactions "
             f"{ids.pipeline_prefix(self.pipeline.name)}..."
         )
-
-    def replay_identity(self) -> dict[str, Any]:
-        identity = self.entry.model_dump(mode="json", by_alias=True)
-        # How to reach the database (host, credentials) and how long to wait for locks may change
-        # while an epoch is pending; where and how the rows are written may not. The DSN never
-        # goes into the checkpoint: it may hold a password.
-        identity["postgres"] = {
-            k: v for k, v in identity["postgres"].items() if k not in ("dsn", "lock_timeout", "create_table")
-        }
-        return identity
 
     def system(self) -> str:
         if self._system is None:
