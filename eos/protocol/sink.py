@@ -140,6 +140,15 @@ class SinkEntry(Model):
     input: str | None = None
 
 
+def pinned_identity(entry: Model, kind: str, reach_settings: tuple[str, ...]) -> dict[str, Any]:
+    """A source's or sink's entry as a replay must repeat it: without the settings of its `kind`
+    section that may change while an epoch is pending (`reach_settings`)."""
+    identity = entry.model_dump(mode="json", by_alias=True)
+    if reach_settings:
+        identity[kind] = {k: v for k, v in identity[kind].items() if k not in reach_settings}
+    return identity
+
+
 class SinkConnector(ABC):
     """Driver side of one configured sink."""
 
@@ -166,11 +175,7 @@ class SinkConnector(ABC):
 
     def replay_identity(self) -> dict[str, Any]:
         """What decides where and how a replay writes (pinned while an epoch is pending)."""
-        identity = self.entry.model_dump(mode="json", by_alias=True)
-        if self.reach_settings:
-            section = identity[self.kind]
-            identity[self.kind] = {k: v for k, v in section.items() if k not in self.reach_settings}
-        return identity
+        return pinned_identity(self.entry, self.kind, self.reach_settings)
 
     def validate(self) -> None:  # noqa: B027 - optional
         """Offline checks for `eos validate` (schema files exist and parse); no network."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from eos.model import Duration, Model
 from eos.protocol.barrier import SharedEnds
 from eos.protocol.decision import ControlLog
-from eos.protocol.sink import PipelineInfo, SinkConnector
+from eos.protocol.sink import PipelineInfo, SinkConnector, pinned_identity
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -81,6 +81,9 @@ class PartitionLag:
 class SourceConnector(ABC):
     kind: ClassVar[str]
     entry_model: ClassVar[type[SourceEntry]]
+    # As a sink's (SinkConnector.reach_settings): how to reach the system, left out of the replay
+    # identity; what is read and how it decodes stays in it.
+    reach_settings: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, entry: SourceEntry, pipeline: PipelineInfo):
         self.entry = entry
@@ -95,7 +98,7 @@ class SourceConnector(ABC):
 
     def replay_identity(self) -> dict[str, Any]:
         """What decides which records a replay reads and how they decode (pinned while pending)."""
-        return self.entry.model_dump(mode="json", by_alias=True)
+        return pinned_identity(self.entry, self.kind, self.reach_settings)
 
     def validate(self) -> None:  # noqa: B027 - optional
         """Offline checks for `eos validate` (schema files exist and parse); no network."""

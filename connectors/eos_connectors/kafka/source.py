@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 class KafkaSource(SourceConnector):
     kind = "kafka"
     entry_model = KafkaSourceEntry
+    reach_settings = ("config", "bootstrap")  # credentials and client tuning; the topics stay pinned
     entry: KafkaSourceEntry
 
     def __init__(self, entry: KafkaSourceEntry, pipeline: PipelineInfo):
@@ -86,9 +87,7 @@ class KafkaSource(SourceConnector):
         )
 
     def replay_identity(self) -> dict[str, Any]:
-        identity = self.entry.model_dump(mode="json", by_alias=True)
-        # Credentials and client tuning may change while an epoch is pending; what is read may not.
-        identity["kafka"] = {k: v for k, v in identity["kafka"].items() if k not in ("config", "bootstrap")}
+        identity = super().replay_identity()
         # How the read tasks cut the logged ranges decides which slot writes which records: an
         # epoch planned by an eos that cut them otherwise must be finished by that eos.
         identity["read_tasks"] = planning.READ_TASKS
