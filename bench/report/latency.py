@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from bench.report.tables import cpu_cell, cpu_text, n, rate_text, ratio, span, span_of, table, target, titled
-from bench.runs import ALO, BUILTIN, EO
+from bench.runs import ALO, BUILTIN, EO, OURS
 from bench.sections.peers import KSTREAMS
 from bench.stats import paired_ratio, ratio_summary, summarize, verdict
 
@@ -127,7 +127,7 @@ def latency_targets(results: dict[str, Any]) -> list[dict[str, str]]:
     return rows
 
 
-PIPELINE_CPU = ("driver", "spark_jvm", "python_workers", "broker")  # not the probe ("tools")
+PIPELINE_CPU = tuple(k for k in OURS if k != "tools")  # every process of ours but the probe
 
 
 def _pipeline_cpu_per_record(rows: list[dict[str, Any]]) -> float:

@@ -16,8 +16,8 @@ sink does anything. Targets: the exactly-once median ≤ 0.25 s (met since 2026-
 from __future__ import annotations
 
 import os
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bench.context import Bench
@@ -32,35 +32,28 @@ SKIP_FIRST = 2  # query start-up and the first code generation
 class SteadyCpu(EpochListener):
     """CPU of every process of ours from the start of epoch SKIP_FIRST to the last commit.
 
-    A reading scans /proc (~11 ms of the driver's CPU): it is taken on a thread of its own, after
-    each commit, so the epochs it measures do not include it (read inside the listener, it was in
-    every epoch's time, and it was most of the driver's protocol-side time per epoch), and its own
-    CPU is taken off the driver's."""
+    A reading scans /proc (~11 ms of the driver's CPU): it is taken on a thread of its own after a
+    commit, so the epochs it measures do not include it (read inside the listener, it was in every
+    epoch's time, and it was most of the driver's protocol-side time per epoch), and its own CPU is
+    taken off the driver's. A reading whose commit a later one already follows is skipped."""
 
     def __init__(self, driver: int, broker: int | None):
         self.meter = CpuMeter(driver, broker)
         self.started = False
         self.epochs = 0
         self.cpu: dict[str, float] = {}
-        self._asked = threading.Event()
-        self._idle = threading.Event()
-        self._idle.set()
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-steady-cpu")
         self._own_cpu = 0.0
         self._read_epochs = 0
-        threading.Thread(target=self._reader, daemon=True, name="bench-steady-cpu").start()
 
-    def _reader(self) -> None:
-        while True:
-            self._asked.wait()
-            self._asked.clear()
-            epochs = self.epochs
-            before = time.thread_time()
-            cpu = self.meter.stop()
-            self._own_cpu += time.thread_time() - before
-            cpu["driver"] = round(max(0.0, cpu.get("driver", 0.0) - self._own_cpu), 3)
-            self.cpu, self._read_epochs = cpu, epochs
-            if not self._asked.is_set():
-                self._idle.set()
+    def _read(self, epochs: int) -> None:
+        if epochs != self.epochs:
+            return  # a later commit's reading is queued behind this one
+        before = time.thread_time()
+        cpu = self.meter.stop()
+        self._own_cpu += time.thread_time() - before
+        cpu["driver"] = round(max(0.0, cpu.get("driver", 0.0) - self._own_cpu), 3)
+        self.cpu, self._read_epochs = cpu, epochs
 
     def on_epoch_start(self, epoch: int, attempt: int) -> None:
         if epoch >= SKIP_FIRST and not self.started:
@@ -70,11 +63,10 @@ class SteadyCpu(EpochListener):
     def on_epoch_committed(self, report: Any) -> None:
         if self.started:
             self.epochs += 1
-            self._idle.clear()
-            self._asked.set()
+            self._reader.submit(self._read, self.epochs)
 
     def result(self) -> dict[str, Any]:
-        self._idle.wait(30)  # the reading after the last commit
+        self._reader.shutdown(wait=True)  # the reading after the last commit
         return {"epochs": self._read_epochs, "cpu": self.cpu}
 
 
