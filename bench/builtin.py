@@ -56,7 +56,7 @@ def _decode_once(codec: Any, column: Any) -> Any:
     return decode_udf(codec).asNondeterministic()(column)
 
 
-def _decoded(raw, source, base_dir: Path):
+def decoded_rows(raw, source, base_dir: Path):
     """Spark's Kafka rows -> eos's source rows (key, value, metadata, poison columns), the Avro
     decoded by the same fastavro code eos's read task runs, as a UDF."""
     from pyspark.sql import functions as F
@@ -101,7 +101,7 @@ def _plan(session, config, base_dir: Path, bootstrap: str, epoch_records: int | 
     )
     if epoch_records:
         reader = reader.option("maxOffsetsPerTrigger", str(epoch_records))
-    decoded = _decoded(reader.load(), source, base_dir)
+    decoded = decoded_rows(reader.load(), source, base_dir)
     view = source_view(decoded, source).filter(F.col(ERROR).isNull()).drop(*POISON_COLUMNS)
     if source.watermark is not None:
         view = view.withWatermark(source.watermark.column, f"{int(source.watermark.delay * 1000)} milliseconds")

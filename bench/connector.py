@@ -58,7 +58,7 @@ def _resolve(version: str, token_version: str, say) -> tuple[Path | None, str]:
         f"spark-sql-kafka-0-10_2.13 {version}",
         say,
         properties={"spark.kafka.version": version, "spark.token.version": token_version},
-        key=f"{version}-{token_version}",
+        key=f"{version}-{token_version}-avro",
         settings=MAVEN_DIR / "settings.xml",
         optional=True,
     )

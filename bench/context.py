@@ -90,6 +90,8 @@ class Plan:
             "recovery": len(self.recovery_points) * self.recovery_runs * 40,
             # per round a hot and a cold run: three or two Spark drivers' start-ups, a drain of the input
             "failover": (1 if self.quick else 5) * 2 * 60,
+            # two warm-ups and two of each Spark-reader configuration, then 3 runs in each of 2 x rounds rounds
+            "jvmreader": (6 + 6 * self.rounds) * (5 + records / 60_000),
             "memory": self.memory_duration_s + 25,
             "failpoints": 3 + self.failpoint_rounds * 3 * self.failpoint_records / 1_000_000,
             "producer": 5 if self.quick else 10,

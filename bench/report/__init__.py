@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import epochs, faults, header, latency, peers, profiles, summary, throughput
-from bench.sections import delta, failover
+from bench.sections import delta, failover, jvmreader
 
 NOTES = Path(__file__).resolve().parent.parent / "NOTES.md"
 # The sections' texts, in the report's order
@@ -36,6 +36,7 @@ PARTS = (
     epochs.costmodel,
     delta.report,
     failover.report,
+    jvmreader.report,
     profiles.profiles,
 )
 

@@ -19,4 +19,5 @@ SECTIONS = (
     "transactions",
     "profile",
     "costmodel",
+    "jvmreader",
 )

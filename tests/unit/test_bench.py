@@ -557,3 +557,30 @@ def test_fetch_jars_optional_says_why_a_tool_is_missing(tmp_path: Path, monkeypa
         fetch_jars(pom, root, "absent", properties=absent, key="absent")
     libs, why = fetch_jars(pom, root, "other", properties=absent, key="other", optional=True)
     assert libs is None and "Maven (mvn) was not found" in why and not (root / "other").exists()
+
+
+def test_the_jvm_reader_experiment_swaps_the_kafka_source_only_inside_and_pairs_its_ratios() -> None:
+    from bench.sections import jvmreader
+    from eos import registry
+
+    before, sink = registry.source_kinds()["kafka"], registry.sink_kinds()["kafka"]
+    with jvmreader.spark_reader(jvmreader.SparkAvroSource):
+        assert registry.source_kinds()["kafka"] is jvmreader.SparkAvroSource
+        assert registry.sink_kinds()["kafka"] is sink  # the sink stays eos's
+    assert registry.source_kinds()["kafka"] is before
+    with pytest.raises(RuntimeError), jvmreader.spark_reader(jvmreader.SparkReadSource):
+        raise RuntimeError("a failed run")
+    assert registry.source_kinds()["kafka"] is before  # restored after a failure too
+
+    def row(config: str, round_no: int, rps: float) -> dict:
+        return {"config": config, "round": round_no, "rps_wall": rps, "cpu_us_per_record": 20.0, "slots": 2}
+
+    runs = {
+        jvmreader.EO: [row(jvmreader.EO, 0, 100.0), row(jvmreader.EO, 1, 50.0)],
+        jvmreader.JVM: [row(jvmreader.JVM, 0, 80.0), row(jvmreader.JVM, 1, 45.0)],
+        jvmreader.JVM_AVRO: [row(jvmreader.JVM_AVRO, 1, 55.0)],
+    }
+    section = {"input": {"records": 1000}, "epoch_records": 100, "runs": runs}
+    text = "\n".join(jvmreader.report({"jvmreader": section}))
+    # paired within a round: 0.8 and 0.9 (not the ratio of medians, 62.5/75); one round only: 1.1
+    assert "| 0.85× [0.80–0.90] | 1.00× [1.00–1.00] |" in text and "| 1.10× | 1.00× |" in text, text
