@@ -100,7 +100,8 @@ class Plan:
             "profile": 20 + 4 * (4 + self.warmup_events / 40_000) + 8 * (6 + self.profile_events * 1.08 / 25_000),
             "peers": 30 + self.rounds * 2 * (3 * 6 + records * (1 / 80_000 + 1 / 25_000 + 1 / 60_000)),
             "epochcost": self.rounds * 3 * (2 + self.epoch_cost_events * 1.08 / self.epoch_cost_records * 0.11),
-            "skew": self.rounds * 2 * (2 + records / 80_000)
+            "skew": 2 * (5 + records / 60_000)  # its warm-up on the full-size input
+            + self.rounds * 2 * (2 + records / 80_000)
             + self.skew_latency_runs * 2 * (self.latency_warmup_s + self.latency_measure_s + 3),
             "cluster": 40
             + self.cluster_rounds * (1 + len(self.cluster_cores)) * (12 + self.cluster_events * 1.08 / 15_000),
