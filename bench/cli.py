@@ -1,6 +1,6 @@
 """`python -m bench`: run the benchmark and write docs/BENCHMARKS.md and bench/results/latest.json.
 
-python -m bench                 everything (~60 min on a quiet machine); waits for one first
+python -m bench                 everything (~90 min on a quiet machine); waits for one first
 python -m bench --quick         every section, small sizes, one run each (~10 min on a quiet machine); writes
                                 bench/results/quick.{json,md}, never the docs
 python -m bench --sections failpoints,recovery --merge

@@ -34,7 +34,7 @@ def header(results: dict[str, Any]) -> list[str]:
         "eos depends on):",
         "",
         "```sh",
-        "make bench                 # = .venv/bin/python -m bench: every section (~60 min), rewrites this file",
+        "make bench                 # = .venv/bin/python -m bench: every section (~90 min), rewrites this file",
         "python -m bench --quick    # every section, small sizes, one run each (~10 min): bench/results/QUICK.md",
         "```",
         "",
