@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.builtin import _decoded
+from bench.builtin import decoded_rows
 from bench.pipelines import STATELESS_SQL, stateless_config
 from eos.api import ERROR, POISON_COLUMNS
 from eos.config import pipeline_from_yaml
@@ -35,7 +35,7 @@ def test_the_builtin_baseline_decodes_each_record_once(spark, tmp_path: Path) ->
     config = pipeline_from_yaml(parse_yaml(yaml.safe_dump(settings, sort_keys=False), "<plan>"))
     source = config.sources[0]
     session = spark.newSession()
-    decoded = _decoded(session.createDataFrame([], KAFKA_ROWS), source, tmp_path)
+    decoded = decoded_rows(session.createDataFrame([], KAFKA_ROWS), source, tmp_path)
     view = source_view(decoded, source).filter(f"{ERROR} IS NULL").drop(*POISON_COLUMNS)
     view.createOrReplaceTempView(source.name)
     rows = session.sql(STATELESS_SQL)
