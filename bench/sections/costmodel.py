@@ -1,4 +1,4 @@
-"""16. Cost model: how the protocol's costs grow with the cluster, and a model fitted to them.
+"""13. Cost model: how the protocol's costs grow with the cluster, and a model fitted to them.
 
 Every other section runs 2 cores, 4 partitions and 2-4 slots. This one measures, on the real
 broker and the real vote service, each cost against the number that drives it:
