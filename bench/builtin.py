@@ -74,15 +74,23 @@ def decoded_rows(raw, source, base_dir: Path):
     error = F.coalesce(*errors) if errors else F.lit(None).cast("string")
     if source.on_error == "fail":  # eos's read task stops at the first poison record: one check
         error = F.when(error.isNotNull(), F.raise_error(F.concat(F.lit("poison record: "), error)))
+    return source_rows(raw, columns["key"], columns["value"], error, source, base_dir)
+
+
+def source_rows(raw, key, value, error, source, base_dir: Path | None):
+    """Spark's Kafka rows with `key` and `value` decoded (or not) and `error` -> the rows eos's
+    reader gives: metadata, poison columns (no raw bytes kept), then string keys and json values
+    by the same Spark expressions eos applies to its reader's rows."""
+    from pyspark.sql import functions as F
+
     rows = raw.select(
-        columns["key"].alias("key"),
-        columns["value"].alias("value"),
+        key.alias("key"),
+        value.alias("value"),
         *METADATA,
         error.alias(ERROR),
         F.lit(None).cast("binary").alias(RAW_KEY),
         F.lit(None).cast("binary").alias(RAW_VALUE),
     )
-    # string keys and json values: the same Spark expressions eos applies to its reader's rows
     return decode_in_spark(rows, source, base_dir)
 
 

@@ -28,15 +28,14 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from bench.builtin import decoded_rows
+from bench.builtin import decoded_rows, source_rows
 from bench.context import Bench
 from bench.runs import EO, brief, measure, warm_up
 from bench.stats import summarize
 from eos import registry
-from eos.api import ERROR, RAW_KEY, RAW_VALUE
 from eos.protocol.source import StreamOptions
 from eos_connectors.formats.avro_schema import load_avsc
-from eos_connectors.formats.decode import METADATA, decode_in_spark, source_view
+from eos_connectors.formats.decode import source_view
 from eos_connectors.kafka.source import KafkaSource
 
 JVM = "eos exactly-once, Spark's Kafka reader, Avro in a Python UDF"
@@ -93,15 +92,8 @@ def _jvm_decoded(raw: Any, entry: Any, base_dir: Any) -> Any:
     if fmt.type != "avro" or fmt.registry or entry.key_format.type == "avro":
         raise ValueError(f"source {entry.name}: the spark-avro experiment decodes plain Avro values only")
     schema = json.dumps(load_avsc(fmt.schema_file, base_dir))
-    rows = raw.select(
-        F.col("key"),
-        from_avro(F.col("value"), schema, {"mode": "FAILFAST"}).alias("value"),
-        *METADATA,
-        F.lit(None).cast("string").alias(ERROR),
-        F.lit(None).cast("binary").alias(RAW_KEY),
-        F.lit(None).cast("binary").alias(RAW_VALUE),
-    )
-    return decode_in_spark(rows, entry, base_dir)
+    value = from_avro(F.col("value"), schema, {"mode": "FAILFAST"})
+    return source_rows(raw, F.col("key"), value, F.lit(None).cast("string"), entry, base_dir)
 
 
 @contextlib.contextmanager
