@@ -60,7 +60,7 @@ from eos.protocol.report import (
     SlotReport,
 )
 from eos.protocol.sink import PipelineInfo, Prepared, Recovery, SinkConnector
-from eos.protocol.slot import REPORT_SCHEMA, slot_task
+from eos.protocol.slot import EPOCH_PROPERTY, SlotFunction, epoch_property
 
 log = logging.getLogger("eos.protocol")
 
@@ -129,6 +129,7 @@ class EpochCommitter:
         self.busy = threading.Lock()  # held while an epoch runs: graceful stop waits on it
         self.stop_requested = False
         self.fatal_error: EosError | None = None
+        self.slots = SlotFunction()  # every epoch's job runs this function (made once)
 
     @property
     def timeout_s(self) -> float:
@@ -375,9 +376,10 @@ class EpochCommitter:
         sc.addJobTag(tag)
         # The recorded poison decisions reach the read tasks with the job (eos.protocol.poison).
         sc.setLocalProperty(poison.PROPERTY, poison.job_property(self.meta.poison) if self.meta else None)
+        sc.setLocalProperty(EPOCH_PROPERTY, epoch_property(plan))
         watchdog.start()
         try:
-            rows = df.mapInArrow(slot_task(plan), REPORT_SCHEMA).collect()
+            rows = self.slots.apply(df, plan).collect()
         except Exception:
             if timed_out.is_set():
                 raise SlotAborted(
@@ -389,6 +391,7 @@ class EpochCommitter:
             watchdog.cancel()
             sc.removeJobTag(tag)
             sc.setLocalProperty(poison.PROPERTY, None)
+            sc.setLocalProperty(EPOCH_PROPERTY, None)
         reports = [SlotReport.from_json(row.report) for row in rows]
         slots = sorted(r.slot for r in reports)
         if slots != list(range(len(slots))):

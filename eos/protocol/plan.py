@@ -1,5 +1,6 @@
 """Step 1, prepare: the epoch's plan, built by the driver after Spark logged the epoch's offsets
-(the barrier) and shipped to every slot task.
+(the barrier) and shipped to every slot task (eos.protocol.slot: what every epoch shares inside
+the job's function, the epoch attempt in the job's local property).
 
 Slots: the epoch's rows are one DataFrame, the union of every sink's rows (each sink's rows in
 a struct column of its own, tagged with the sink's index). A slot is one partition of that
@@ -42,7 +43,7 @@ class SinkPlan:
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """Everything a slot needs for one attempt of one epoch (pickled into the tasks)."""
+    """Everything a slot needs for one attempt of one epoch (see the module doc for how it travels)."""
 
     pipeline: PipelineInfo
     epoch: int

@@ -20,6 +20,7 @@ says it did not commit).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import sys
@@ -27,6 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from eos.errors import SlotAborted, crossing
@@ -36,7 +38,12 @@ from eos.protocol.plan import SINK_TAG, EpochPlan, SinkPlan, sink_column
 from eos.protocol.report import SinkWork, SlotReport
 from eos.protocol.sink import Lease, SlotContext, SlotWriter
 
-REPORT_SCHEMA = "slot int, report string"
+# The job's local property that tells its tasks which epoch attempt they write (JSON, no secret:
+# Spark's event log keeps a job's properties). What does not change from epoch to epoch (the
+# sinks' writers and their clients, the vote service's key) is pickled into the job's function,
+# made once (SlotFunction): a new function per epoch cost ~10 ms of every epoch (pickling it,
+# registering it in the JVM, parsing its schema there).
+EPOCH_PROPERTY = "eos.epoch"
 # Identifies this Python worker process across tasks (a pid alone can be reused).
 WORKER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -79,7 +86,66 @@ def _worker_id() -> str:
     return WORKER
 
 
-def slot_task(plan: EpochPlan):
+def epoch_property(plan: EpochPlan) -> str:
+    """EPOCH_PROPERTY's value for `plan`'s job."""
+    fields = {"pipeline": plan.pipeline.name, "run": plan.run, "epoch": plan.epoch, "attempt": plan.attempt}
+    return json.dumps({**fields, "offsets": plan.offsets, "skip": sorted(plan.skip)})
+
+
+def unchanging(plan: EpochPlan) -> EpochPlan:
+    """What of `plan` stays the same from epoch to epoch (the rest travels in EPOCH_PROPERTY)."""
+    return replace(plan, epoch=-1, attempt=0, offsets="", skip=frozenset())
+
+
+def task_plan(base: EpochPlan, text: str | None) -> EpochPlan:
+    """The task's plan: `base` (pickled into the job's function) with its job's EPOCH_PROPERTY.
+    Refused, never guessed, when the job does not say, or says it for another pipeline or run."""
+    if not text:
+        raise SlotAborted(f"pipeline {base.pipeline.name}: a slot task ran in a job that has no {EPOCH_PROPERTY}")
+    said = json.loads(text)
+    if (said["pipeline"], said["run"]) != (base.pipeline.name, base.run):
+        raise SlotAborted(
+            f"pipeline {base.pipeline.name} run {base.run}: a slot task ran in a job of pipeline {said['pipeline']} "
+            f"run {said['run']}"
+        )
+    skip = frozenset((str(sink), int(slot)) for sink, slot in said["skip"])
+    return replace(base, epoch=int(said["epoch"]), attempt=int(said["attempt"]), offsets=said["offsets"], skip=skip)
+
+
+class SlotFunction:
+    """The Python function of every epoch's job (one task = one slot), made again only when what
+    it holds changes (unchanging(plan)). It is pickled once, so what it holds must not change in
+    place while the run lasts: the plans and the sinks' writer factories are frozen dataclasses."""
+
+    def __init__(self) -> None:
+        self.base: EpochPlan | None = None
+        self.udf: Any = None
+        self.columns: tuple[str, ...] = ()
+        self.call: Any = None  # the function applied to `columns`, by name (each epoch's rows have the same)
+
+    def apply(self, df: Any, plan: EpochPlan) -> Any:
+        """`df.mapInArrow(slot_task(...), "slot int, report string")`, with the function made
+        once. The job that runs it must carry EPOCH_PROPERTY (epoch_property(plan))."""
+        from pyspark.rdd import PythonEvalType
+        from pyspark.sql import DataFrame
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.functions import pandas_udf
+        from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+        base, columns = unchanging(plan), tuple(df.columns)
+        if self.udf is None or base != self.base:
+            schema = StructType([StructField("slot", IntegerType()), StructField("report", StringType())])
+            kind = PythonEvalType.SQL_MAP_ARROW_ITER_UDF
+            self.udf = pandas_udf(slot_task(base), returnType=schema, functionType=kind)  # type: ignore[call-overload]
+            self.base, self.call = base, None
+        if self.call is None or columns != self.columns:
+            self.call = self.udf(*[F.col("`" + name.replace("`", "``") + "`") for name in columns])
+            self.columns = columns
+        # DataFrame.mapInArrow, with this function instead of a new one (classic PySpark, as eos is).
+        return DataFrame(df._jdf.mapInArrow(self.call._jc, False, None), df.sparkSession)
+
+
+def slot_task(base: EpochPlan):
     """The function for `mapInArrow`: one task = one slot; yields the slot's report."""
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
@@ -88,6 +154,7 @@ def slot_task(plan: EpochPlan):
 
         task = SparkTask.get()
         with crossing():
+            plan = task_plan(base, task.getLocalProperty(EPOCH_PROPERTY))
             report = write_slot(plan, task.partitionId(), task.attemptNumber(), batches)
         yield pa.RecordBatch.from_arrays(
             [pa.array([report.slot], pa.int32()), pa.array([report.to_json()], pa.string())], names=["slot", "report"]
