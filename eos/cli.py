@@ -45,6 +45,17 @@ def configure_logging(verbose: bool) -> None:
     logging.getLogger("py4j").setLevel(logging.WARNING if verbose else logging.CRITICAL)
     if verbose:
         os.environ.setdefault("EOS_SPARK_LOG", "verbose")
+        return
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(py4j_on_root)
+
+
+def py4j_on_root(record: logging.LogRecord) -> bool:
+    """False for what py4j logs on the root logger, not on its own (java_gateway's
+    `logging.exception("Exception while sending command.")` when a call's connection fails, as
+    at exit once Spark's JVM is gone): the level set for "py4j" misses those, and the caller gets
+    the failure as an exception either way."""
+    return not (record.name == "root" and f"{os.sep}py4j{os.sep}" in record.pathname)
 
 
 def main(argv: list[str] | None = None) -> int:
