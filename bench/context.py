@@ -71,7 +71,7 @@ class Plan:
         perf = self.rounds * (8 + self.perf_records / 400_000)
         # three configurations per trigger, and the Kafka Streams peer at 100 ms (its JVM's start: ~8 s more)
         latency_run = self.latency_warmup_s + self.latency_measure_s + 4
-        latency = self.latency_runs * (
+        latency = 3 * latency_run + self.latency_runs * (  # a discarded run of each Spark configuration first
             len(self.latency_triggers) * 3 * latency_run + ("100ms" in self.latency_triggers) * (latency_run + 8)
         )
         scaling_run = 1.5 + self.scaling_events * 1.08 / 90_000

@@ -58,6 +58,7 @@ def latency(section: dict[str, Any], results: dict[str, Any]) -> list[str]:
         "are visible as soon as they are produced) and on Spark's built-in connector. Median over runs of each run's",
         "percentile. The target applies to exactly-once; the other rows show it for comparison.",
         *(KSTREAMS_TEXT if peer else []),
+        *_warm_up_text(section.get("warm_ups") or []),
         "",
     ]
     rows = []
@@ -97,6 +98,17 @@ def latency(section: dict[str, Any], results: dict[str, Any]) -> list[str]:
         ],
         rows,
     )  # fmt: skip
+
+
+def _warm_up_text(warm_ups: list[dict[str, Any]]) -> list[str]:
+    """The discarded first run of each Spark configuration (bench.sections.latency says why)."""
+    if not warm_ups:
+        return []
+    seen = "; ".join(f"{w['mode']} p99 {n(w.get('p99_s'), 2)} s" for w in warm_ups)
+    return [
+        f"Before the measured runs, each Spark configuration ran once at the {warm_ups[0]['trigger']} trigger, "
+        f"discarded, so Spark's planner is compiled by the JIT as in a pipeline that has run a while ({seen})."
+    ]
 
 
 def _epoch_median(row: dict[str, Any]) -> float | None:
