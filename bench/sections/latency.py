@@ -13,12 +13,14 @@ writes its first record (the probe's warm-up then covers the same steady state a
 query starts on a warm session). Target there: exactly-once p99 <= 300 ms, and no worse than
 Kafka Streams' p99 in the same run.
 
-Each Spark configuration first runs once at the first trigger, discarded. Spark plans every
-micro-batch anew, and its planner's code reaches the JIT's thresholds only after some hundreds of
-epochs: on 2026-11-28 the first measured run of the session (exactly-once at 100 ms, after the
-throughput-sized warm-up, whose few large epochs do not warm the planner) read p99 0.93 s, and the
-same configuration later in the same section 0.31 s. A pipeline that runs for hours is past that;
-with two runs per trigger, one cold run decided the median.
+Each Spark configuration first runs once at the first trigger, discarded: the section's warm-up.
+Spark plans every micro-batch anew, and its planner's code reaches the JIT's thresholds only after
+some hundreds of epochs: on 2026-11-28 the first measured run of the session (exactly-once at
+100 ms, after the throughput-sized warm-up of bench.runs.warm_up, whose few large epochs do not
+warm the planner) read p99 0.93 s, and the same configuration later in the same section 0.31 s. A
+pipeline that runs for hours is past that; with two runs per trigger, one cold run was half of the
+median. The discarded runs also start what bench.runs.warm_up would (Python workers, the first
+query plans), so the section does not run that one too.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from bench.env import REPO
 from bench.inputs import delete_topics, eos_topics, ready_topic
 from bench.pipelines import run_eos, unique
 from bench.procs import CpuMeter
-from bench.runs import ALO, BUILTIN, EO, cpu_per_record, warm_up
+from bench.runs import ALO, BUILTIN, EO, cpu_per_record
 from bench.sections.peers import KSTREAMS
 from eos.config import parse_duration
 
@@ -136,7 +138,6 @@ def _measure(
 
 def run(bench: Bench) -> dict[str, Any]:
     plan = bench.plan
-    warm_up(bench, force=True)
     if KSTREAMS_TRIGGER in plan.latency_triggers:
         from bench.peers import kstreams_classpath
 
